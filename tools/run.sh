@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The README's two commands. From a fresh clone, with nothing installed beforehand:
+#   bash tools/run.sh main    # set up .venv, then run the main job
+#   bash tools/run.sh test    # set up .venv, then run the whole test suite (notebooks incl. slow cells, pytest)
+# `bash tools/run.sh setup` only sets up. Set PYTHON to choose the interpreter (3.10+).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+setup() {
+  local py=${PYTHON:-python3}
+  [ -x .venv/bin/python ] || "$py" -m venv .venv
+  # Reinstall only when the declared dependencies changed since the last setup.
+  local want; want=$(cat settings.ini setup.py | sha256sum | cut -d' ' -f1)
+  if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$want" ]; then
+    .venv/bin/python -m pip install -q --upgrade pip
+    # torch first, pinned: on these machines 2.13.0 is a CPU build on local disk; unpinned, pip would pull GBs of CUDA.
+    .venv/bin/python -m pip install -q torch==2.13.0
+    .venv/bin/python -m pip install -q -e ".[dev,dj]"
+    echo "$want" > .venv/.setup-stamp
+  fi
+  # data-juicer installs ray with uv on first use; uv ignores pip's torch cap unless told.
+  if [ -f /etc/xdg/pip/constraints.txt ]; then export UV_CONSTRAINT=/etc/xdg/pip/constraints.txt; fi
+  export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+}
+
+case "${1:-}" in
+  setup) setup ;;
+  main)  setup; shift; composer-replication info; exec composer-replication "${@:---help}" ;;
+  test)  setup; shift; exec .venv/bin/python tools/run_tests.py "$@" ;;
+  *) echo "usage: bash tools/run.sh {main|test|setup}" >&2; exit 2 ;;
+esac

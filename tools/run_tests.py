@@ -1,0 +1,92 @@
+"""Run the whole test suite: every notebook's cells (nbdev's `test_nb`), then pytest under tests/.
+
+    python tools/run_tests.py               # everything, slow cells included (what CI runs)
+    python tools/run_tests.py --fast        # skip cells flagged `#| slow`
+    python tools/run_tests.py --path nbs/01_opsd.ipynb --no-pytest
+
+Each notebook counts as one test, each pytest test as one. The last line is always
+`N passed, M failed`; the exit status is non-zero if anything failed or nothing ran.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_notebooks(path: str | None, fast: bool, n_workers: int) -> tuple[int, int, list[str]]:
+    "Test notebooks in parallel with nbdev's own `test_nb`; returns (passed, failed, failed names)."
+    from fastcore.parallel import parallel
+    from nbdev.config import get_config
+    from nbdev.doclinks import nbglob
+    from nbdev.test import _keep_file, test_nb
+
+    cfg = get_config()
+    if path and any(c in path for c in "*?["):  # a glob such as nbs/0*.ipynb
+        files = [p for p in ROOT.glob(path) if p.suffix == ".ipynb"]
+    else:
+        files = nbglob(path, as_path=True)
+    files = sorted(f.absolute() for f in files if _keep_file(f, ".notest"))
+    skip = cfg.tst_flags.split()
+    force = [] if fast else [f for f in skip if f != "notest"]
+    t0 = time.time()
+    os.chdir(cfg.nbs_path)
+    results = parallel(test_nb, files, skip_flags=skip, force_flags=force, n_workers=min(n_workers, len(files)) if len(files) > 1 else 0,
+                       basepath=cfg.config_path, pause=0.01)
+    os.chdir(ROOT)
+    failed = [f.relative_to(ROOT).as_posix() for f, (ok, _) in zip(files, results) if not ok]
+    for f, (ok, secs) in sorted(zip(files, results), key=lambda o: -o[1][1]):
+        print(f"  {'ok  ' if ok else 'FAIL'} {secs:6.1f}s  {f.relative_to(ROOT).as_posix()}")
+    print(f"notebooks: {len(files) - len(failed)} passed, {len(failed)} failed in {time.time() - t0:.0f}s")
+    return len(files) - len(failed), len(failed), failed
+
+
+def run_pytest(fast: bool) -> tuple[int, int]:
+    "Run pytest on tests/ and count its results from a JUnit report."
+    if not any((ROOT / "tests").glob("test_*.py")):
+        return 0, 0
+    with tempfile.TemporaryDirectory() as d:
+        xml = Path(d) / "junit.xml"
+        cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
+        if fast:
+            cmd += ["-m", "not slow"]
+        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        if not xml.exists():
+            print(f"pytest produced no report (exit {rc})")
+            return 0, 1
+        suites = ET.parse(xml).getroot()
+        suites = [suites] if suites.tag == "testsuite" else list(suites)
+        total = sum(int(s.get("tests", 0)) for s in suites)
+        bad = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+        skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    print(f"pytest: {total - bad - skipped} passed, {bad} failed, {skipped} skipped")
+    return total - bad - skipped, bad + (1 if rc not in (0, 5) and bad == 0 else 0)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fast", action="store_true", help="skip `#| slow` cells and pytest tests marked slow")
+    ap.add_argument("--path", default=None, help="a notebook or glob (default: all of nbs/)")
+    ap.add_argument("--no-pytest", action="store_true")
+    ap.add_argument("--n-workers", type=int, default=min(os.cpu_count() or 1, 2))
+    args = ap.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    np_, nf, failed = run_notebooks(args.path, args.fast, args.n_workers)
+    pp, pf = (0, 0) if args.no_pytest else run_pytest(args.fast)
+    if failed:
+        print("failed notebooks: " + ", ".join(failed))
+    passed, nfail = np_ + pp, nf + pf
+    print(f"{passed} passed, {nfail} failed")
+    return 1 if nfail or passed == 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -18,7 +18,8 @@ from ..ingestion.claude_code import parse_student_action
 
 # %% auto #0
 __all__ = ['TraceTurn', 'TraceExample', 'TokenizerLike', 'render_conversation', 'assistant_spans', 'tokenize_conversation',
-           'CollatorConfig', 'messages_from_turns', 'action_to_message', 'ComposerDataCollator']
+           'CollatorConfig', 'messages_from_turns', 'action_to_message', 'ComposerDataCollator',
+           'trace_examples_from_states', 'trace_examples_from_session']
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #0de8dadf
 class TraceTurn(TypedDict, total=False):
@@ -314,3 +315,53 @@ class ComposerDataCollator:
                     out[f"dpo_{side}_response_mask"] = _pad([m for _, m in pairs[side]], 0)
                 out["dpo_row"] = torch.tensor(pairs["row"], dtype=torch.long)
         return out
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #5abce835
+def _turns(msgs:list[dict]) -> list[TraceTurn]:
+    "Trace turns of a conversation, with the error metadata of failed tool results."
+    calls = {tc.get("id"): tc.get("function", tc) for m in msgs if m.get("role") == "assistant" for tc in m.get("tool_calls") or []}
+    out = []
+    for j, m in enumerate(msgs):
+        t = {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if m.get(k) is not None}
+        if m.get("role") == "tool" and m.get("is_error"):
+            fn = calls.get(m.get("tool_call_id"), {})
+            meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments")}
+            meta["error_kind"] = classify_error(m.get("content") or "", tool_name=meta["tool_name"], history=msgs[:j],
+                                                tool_input=meta["tool_input"])
+            t.update(tool_error=m.get("content") or "", error_meta=meta)
+        out.append(t)
+    return out
+
+def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace order
+                               *,
+                               pairs:Sequence[dict]|None=None, # DPOPairs to attach by state_id
+                               final_reward:float|None=None, # reward for every example (None: no reward)
+                              ) -> list[TraceExample]:
+    "Group consecutive states into conversations and attach their DPO pairs."
+    groups, prev = [], None
+    for st in states:
+        msgs = st["messages"]
+        if prev is None or len(msgs) < len(prev) or msgs[:len(prev)] != prev: groups.append([])
+        groups[-1].append(st); prev = msgs
+    examples, where = [], {}
+    for g in groups:
+        last = g[-1]
+        msgs = list(last["messages"]) + [action_to_message(last["student_action"])]
+        ex = TraceExample(trace_id=g[0]["state_id"], turns=_turns(msgs), dpo_pairs=[], state_ids=[s["state_id"] for s in g])
+        if final_reward is not None: ex["final_reward"] = float(final_reward)
+        for s in g: where[s["state_id"]] = len(examples)
+        examples.append(ex)
+    unknown = [p.get("state_id") for p in pairs or [] if p.get("state_id") not in where]
+    if unknown: raise ValueError(f"{len(unknown)} DPO pair(s) name states that are not in these traces: {unknown[:5]}")
+    for p in pairs or []: examples[where[p["state_id"]]]["dpo_pairs"].append(p)
+    return examples
+
+def trace_examples_from_session(path:str|Path, # a session .jsonl file or a project folder
+                                ingester=None, # a ClaudeCodeIngester (default: ClaudeCodeIngester())
+                                pairs:Sequence[dict]|None=None, # DPOPairs to attach by state_id
+                                final_reward:float|None=None, # reward for every example
+                               ) -> list[TraceExample]:
+    "Ingest a Claude Code session and return its TraceExamples with their tool errors and DPO pairs."
+    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    ingester = ingester or ClaudeCodeIngester()
+    return trace_examples_from_states(list(ingester.ingest(Path(path))), pairs=pairs, final_reward=final_reward)

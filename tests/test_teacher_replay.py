@@ -1,0 +1,312 @@
+"""Teacher replay against a real loopback server: what the notebooks cannot host (concurrency, cancellation, logs, TRL).
+
+Every test drives `replay_trace` through `composer_replication.testing.teacher_server.TeacherServer` over real HTTP on
+127.0.0.1 and counts calls *at the server*. Nothing reaches the network; no real key is used.
+"""
+import asyncio
+import json
+import logging
+import os
+import time
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, example, given, settings, strategies as st
+
+from composer_replication.teacher_replay import (TeacherReplayError, action_key, extract_dpo_pairs, read_journal,
+                                                 replay_trace, to_preference_rows)
+from composer_replication.testing.teacher_server import Failure, ModelPolicy, TeacherServer
+
+PLANTED = "sk-or-v1-PLANTED-7f3a9c2e1d0b4a65"
+SYS = {"role": "system", "content": "You are a coding agent."}
+
+
+def make_states(n, size=200, prefix="s"):
+    return [{"state_id": f"{prefix}::{i:04d}",
+             "messages": [SYS, {"role": "user", "content": f"task {i} " + "x" * size}],
+             "student_action": '[TOOL_USE] name=Bash input={"command": "ls"}'} for i in range(n)]
+
+
+def teachers(prices):
+    return [{"slug": f"t/{i}", "input_per_mtok": pi, "output_per_mtok": po} for i, (pi, po) in enumerate(prices)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# --------------------------------------------------------------------------- the key
+
+
+def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch):
+    """The key reaches the server (it demands it) but no result, journal, log line, progress bar, exception or repr."""
+    caplog.set_level(logging.DEBUG)                      # httpx, httpcore, tenacity, ours: everything
+    for name in ("httpx", "httpcore", "composer_replication", "tenacity"): caplog.set_level(logging.DEBUG, logger=name)
+    T = teachers([(1.0, 2.0)] * 3)
+    echo = Failure(400, message=f"bad request from key {PLANTED}")   # a server that echoes the key back
+    pol = {"t/0": ModelPolicy(reply="fine", failures=[Failure.rate_limited(0.05), Failure.server_error(500), Failure.dropped()]),
+           "t/1": ModelPolicy(reply={"tool_calls": [{"name": "Read", "arguments": {"file_path": "a.py"}}]}, failures=[Failure.error_in_200()]),
+           "t/2": ModelPolicy(reply=echo)}
+    j = tmp_path / "journal.jsonl"
+    with TeacherServer(pol, api_key=PLANTED) as srv:
+        res = run(replay_trace(make_states(4), T, api_key=PLANTED, base_url=srv.url, journal=j, backoff_s=0.01))
+        # the same through the environment (OpenRouter-style base URL from OPENROUTER_BASE_URL)
+        monkeypatch.setenv("OPENROUTER_API_KEY", PLANTED); monkeypatch.setenv("OPENROUTER_BASE_URL", srv.url)
+        res_env = run(replay_trace(make_states(2, prefix="e"), T[:2], backoff_s=0.01))
+        with pytest.raises(TeacherReplayError) as ei:        # a 401 that echoes the key
+            srv.policies["t/0"] = ModelPolicy(reply=Failure(401, message=f"Invalid key {PLANTED}"))
+            run(replay_trace(make_states(3, prefix="f"), T[:1], backoff_s=0.01, journal=j))
+    assert {r["response_text"] for r in res if r["teacher_slug"] == "t/0"} == {"fine"}          # the key worked
+    assert all("***" in r["error"] for r in res if r["teacher_slug"] == "t/2")                   # redacted, not dropped
+    assert {r["error"] for r in res_env} == {None}
+    out, err = capsys.readouterr()
+    texts = {"results": json.dumps(res) + repr(res) + json.dumps(res_env) + repr(res_env), "journal": j.read_text(),
+             "logs": caplog.text + "".join(str(r.args) for r in caplog.records), "stdout/stderr (progress bar)": out + err,
+             "exception": str(ei.value) + repr(ei.value) + repr(ei.value.results) + repr(ei.value.args)}
+    assert len(caplog.records) > 0 and "HTTP Request" in caplog.text    # the logs were captured at all
+    for where, text in texts.items():
+        assert PLANTED not in text, f"the key leaked into the {where}"
+        assert PLANTED[8:20] not in text, f"part of the key leaked into the {where}"
+
+
+def test_env_key_not_sent_to_an_explicit_foreign_base_url(monkeypatch):
+    """OPENROUTER_API_KEY goes to OpenRouter (or OPENROUTER_BASE_URL) only: another server must get nothing."""
+    monkeypatch.setenv("OPENROUTER_API_KEY", PLANTED); monkeypatch.delenv("OPENROUTER_BASE_URL", raising=False)
+    with TeacherServer({"t/0": ModelPolicy()}, api_key=PLANTED) as srv:
+        with pytest.raises(TeacherReplayError, match="HTTP 401"):
+            run(replay_trace(make_states(1), teachers([(1, 1)]), base_url=srv.url, progress=False))
+        assert srv.calls == 1
+
+
+def test_openrouter_without_key_is_a_runtime_error(monkeypatch):
+    monkeypatch.delenv("OPENROUTER_API_KEY", raising=False); monkeypatch.delenv("OPENROUTER_BASE_URL", raising=False)
+    with pytest.raises(RuntimeError, match="OPENROUTER_API_KEY"):
+        run(replay_trace(make_states(1), progress=False))
+
+
+# --------------------------------------------------------------------------- the budget
+
+
+@pytest.fixture(scope="module")
+def shared_server():
+    with TeacherServer({}, keep_bodies=True) as srv:
+        yield srv
+
+
+def _exact_worst_case_prompt(body):
+    "Bill the prompt exactly as the client's worst case: one token per body byte plus the 512-token preamble."
+    return len(orjson.dumps(body)) + 512
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prices=st.lists(st.tuples(st.floats(0, 5), st.floats(0, 25)), min_size=1, max_size=3),
+       lat=st.tuples(st.floats(0, 0.01), st.floats(0, 0.02)),
+       cap=st.floats(0, 0.05), max_tokens=st.integers(1, 600), conc=st.integers(1, 24),
+       n_states=st.integers(1, 10), size=st.integers(0, 2000), reply_len=st.integers(0, 4000), tight=st.booleans(),
+       report_cost=st.booleans(), fail_rate=st.sampled_from([0.0, 0.2]), seed=st.integers(0, 2**16))
+@example(prices=[(3.0, 15.0)] * 3, lat=(0.005, 0.01), cap=0.03, max_tokens=500, conc=8, n_states=6, size=500,
+         reply_len=0, tight=True, report_cost=True, fail_rate=0.0, seed=0)
+def test_cap_never_exceeded_under_concurrency(shared_server, prices, lat, cap, max_tokens, conc, n_states, size,
+                                              reply_len, tight, report_cost, fail_rate, seed):
+    """Random prices, latencies, sizes and caps: the server never bills more than max_total_usd in total.
+
+    With `tight`, the server bills every call at exactly the client's reserved worst case (prompt = body bytes + 512,
+    completion = max_tokens), so a client that forgot the calls in flight would overspend as soon as two overlap.
+    """
+    srv = shared_server
+    T = teachers(prices)
+    srv.policies.clear(); srv.reset()
+    if tight: reply_len = 4 * max_tokens + 8
+    for i, t in enumerate(T):
+        srv.policies[t["slug"]] = ModelPolicy(reply="y" * reply_len, latency_s=(min(lat), max(lat)),
+                                              prompt_tokens=_exact_worst_case_prompt if tight else 512,
+                                              input_per_mtok=t["input_per_mtok"], output_per_mtok=t["output_per_mtok"],
+                                              report_cost=report_cost, fail_rate=fail_rate, seed=seed + i,
+                                              fail_with=Failure.server_error(503))
+    states = make_states(n_states, size=size)
+    res = run(replay_trace(states, T, max_total_usd=cap, base_url=srv.url, max_concurrency=conc, max_tokens=max_tokens,
+                           backoff_s=0.001, max_retries=2, progress=False))
+    billed = sum(r["cost_usd"] for r in res) if not report_cost else sum(e.get("cost") or 0.0 for e in srv.log)
+    if not report_cost:   # the server did not say: recompute its bill from what it answered
+        billed = sum(((_exact_worst_case_prompt(b) if tight else 512) * T[int(b["model"][2:])]["input_per_mtok"]
+                      + min(max_tokens, max(1, -(-reply_len // 4))) * T[int(b["model"][2:])]["output_per_mtok"]) / 1e6
+                     for b, e in zip(srv.bodies, srv.log) if e.get("status") == 200)
+    assert billed <= cap * (1 + 1e-12) + 1e-15, (billed, cap)
+    assert res.spent_usd <= cap * (1 + 1e-12) + 1e-15
+    assert abs(sum(r["cost_usd"] for r in res) - res.spent_usd) < 1e-9           # every charge is in a result
+    assert len(res) + len(res.not_attempted) == len(states) * len(T)             # nothing silently lost
+    assert srv.max_in_flight <= conc
+    if res.not_attempted: assert res.stopped == "budget"
+
+
+# --------------------------------------------------------------------------- resumption
+
+
+def test_cancelled_run_resumes_with_zero_repeated_calls(tmp_path):
+    """Cancel mid-run (Ctrl-C): calls in flight are finished and journaled; the rerun sends only what is missing."""
+    T = teachers([(1.0, 2.0)] * 3)
+    states = make_states(30)
+    j = tmp_path / "journal.jsonl"
+    with TeacherServer({t["slug"]: ModelPolicy(reply="ok", latency_s=0.05) for t in T}) as srv:
+        async def interrupted():
+            task = asyncio.ensure_future(replay_trace(states, T, base_url=srv.url, journal=j, max_concurrency=8, progress=False))
+            while srv.calls < 20: await asyncio.sleep(0.005)   # some answered, 8 more in flight
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError): await task
+        run(interrupted())
+        first_calls = srv.calls
+        rows, bad = read_journal(j)
+        assert 20 <= len(rows) < 90 and bad == 0
+        assert len(rows) == first_calls                      # every call the server answered was journaled
+        res = run(replay_trace(states, T, base_url=srv.url, journal=j, max_concurrency=8, progress=False))
+        assert srv.calls - first_calls == 90 - len(rows)     # the rerun sent only the missing pairs
+        assert max(srv.counts.values()) == 1 and sum(srv.counts.values()) == 90
+    assert len(res) == 90 and res.from_journal == len(rows) and {r["error"] for r in res} == {None}
+
+
+def test_failed_pairs_are_retried_on_rerun_unless_told_not_to(tmp_path):
+    T = teachers([(1.0, 1.0)])
+    j = tmp_path / "j.jsonl"
+    with TeacherServer({"t/0": ModelPolicy(reply="ok", failures=[Failure(400)])}) as srv:
+        first = run(replay_trace(make_states(2), T, base_url=srv.url, journal=j, progress=False))
+        assert [r["error"] is not None for r in first] == [True, True]
+        kept = run(replay_trace(make_states(2), T, base_url=srv.url, journal=j, retry_failed=False, progress=False))
+        assert srv.calls == 2 and kept.from_journal == 2
+        again = run(replay_trace(make_states(2), T, base_url=srv.url, journal=j, progress=False))
+        assert srv.calls == 4 and {r["response_text"] for r in again} == {"ok"}
+
+
+# --------------------------------------------------------------------------- back-off and fatal answers
+
+
+@pytest.mark.parametrize("failure,wait", [
+    (Failure.rate_limited(0.3), 0.3),                                   # Retry-After header
+    (Failure.rate_limited(0.3, in_body=True), 0.3),                     # error.metadata.headers (OpenRouter upstream)
+    (Failure(429, reset_in_s=0.4, in_body=True), 0.4),                  # X-RateLimit-Reset, epoch ms, in the body
+    (Failure(503, reset_in_s=0.4), 0.4),                                # X-RateLimit-Reset header on a 503
+    (Failure(402, retry_after=0.2), 0.2),                               # 402 *with* Retry-After is retried
+])
+def test_retry_after_is_honoured(failure, wait):
+    with TeacherServer({"t/0": ModelPolicy(reply="ok", failures=[failure])}) as srv:
+        res = run(replay_trace(make_states(1), teachers([(1, 1)]), base_url=srv.url, backoff_s=0.001, progress=False))
+        t = [e["t"] for e in srv.log]
+    assert res[0]["response_text"] == "ok" and len(t) == 2
+    assert wait - 0.01 <= t[1] - t[0] <= wait * 1.1 + 0.15, t[1] - t[0]
+
+
+def test_too_long_retry_after_fails_the_call_without_waiting():
+    with TeacherServer({"t/0": ModelPolicy(reply="ok", failures=[Failure.rate_limited(3600)])}) as srv:
+        t0 = time.perf_counter()
+        res = run(replay_trace(make_states(1), teachers([(1, 1)]), base_url=srv.url, max_wait_s=5, progress=False))
+        assert time.perf_counter() - t0 < 2 and srv.calls == 1
+    assert res[0]["response_text"] is None and "3600 s" in res[0]["error"]
+
+
+@pytest.mark.parametrize("status", [401, 403, 402])
+def test_fatal_status_stops_the_run(tmp_path, status):
+    """One teacher answers 401/403/402: the run stops (in-flight calls finish), raising with what completed."""
+    T = teachers([(1.0, 1.0), (1.0, 1.0)])
+    j = tmp_path / "j.jsonl"
+    pol = {"t/0": ModelPolicy(reply="ok", latency_s=0.02),
+           "t/1": ModelPolicy(reply="ok", latency_s=0.02, failures=[Failure(status)])}
+    with TeacherServer(pol) as srv:
+        with pytest.raises(TeacherReplayError, match=f"HTTP {status}") as ei:
+            run(replay_trace(make_states(40), T, base_url=srv.url, journal=j, max_concurrency=4, progress=False))
+        calls = srv.calls
+    err = ei.value
+    assert err.status == status and err.teacher_slug == "t/1"
+    # the fatal answer is the 2nd job; with 4 workers and 20 ms per call, only calls already sent (or sent by a
+    # worker before the answer was processed) may follow it, and every call the server took has a result
+    assert calls == len(err.results) <= 3 * 4, (calls, len(err.results))
+    assert len(err.results) + len(err.results.not_attempted) == 80 and len(err.results.not_attempted) > 60
+    assert len(read_journal(j)[0]) == len(err.results)
+
+
+# --------------------------------------------------------------------------- throughput and transports
+
+
+def test_concurrency_reaches_and_respects_the_limit():
+    T = teachers([(0, 0)] * 3)
+    with TeacherServer({t["slug"]: ModelPolicy(latency_s=0.05) for t in T}) as srv:
+        t0 = time.perf_counter()
+        res = run(replay_trace(make_states(64), T, base_url=srv.url, max_concurrency=64, progress=False))
+        wall = time.perf_counter() - t0
+        assert srv.max_in_flight == 64
+    assert len(res) == 192 and {r["error"] for r in res} == {None}
+    assert wall < 192 * 0.05 / 4, wall      # far from serial (9.6 s), even on a loaded 2-core machine
+
+
+def test_aiohttp_transport_end_to_end():
+    pytest.importorskip("httpx_aiohttp")
+    T = teachers([(1.0, 2.0)] * 2)
+    pol = {t["slug"]: ModelPolicy(reply="ok", failures=[Failure.dropped(), Failure.rate_limited(0.05)]) for t in T}
+    with TeacherServer(pol, api_key=PLANTED) as srv:
+        res = run(replay_trace(make_states(8), T, api_key=PLANTED, base_url=srv.url, transport="aiohttp",
+                               max_concurrency=8, backoff_s=0.01, progress=False))
+        assert srv.calls == 8 * 2 * 3
+    assert {r["response_text"] for r in res} == {"ok"}
+    assert all(r["cost_usd"] > 0 for r in res)
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=5),
+                           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=4), max_leaves=8)
+
+
+@settings(max_examples=60, deadline=None)
+@given(inp=st.dictionaries(st.text(min_size=1, max_size=6), json_values, max_size=6), data=st.data())
+def test_action_key_ignores_json_key_order_and_formatting(inp, data):
+    perm = data.draw(st.permutations(list(inp.items())))
+    a = '[TOOL_USE] name=Edit input=' + json.dumps(inp, ensure_ascii=False, sort_keys=True)
+    b = 'Doing it.\n\n[TOOL_USE] name=Edit input=' + json.dumps(dict(perm), ensure_ascii=True, indent=None)
+    assert action_key(a) == action_key(b)
+    assert action_key(a) != action_key('[TOOL_USE] name=Write input=' + json.dumps(inp, sort_keys=True))
+
+
+def test_preference_rows_feed_trl_dpo_trainer(tmp_path):
+    """The rows load with datasets and TRL's DPOTrainer tokenizes and trains on them (tiny model, one step)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from trl import DPOConfig, DPOTrainer
+    from composer_replication.testing import tiny_causal_lm, tiny_tokenizer
+    U = {"role": "user", "content": "Fix utils.py"}
+    A1 = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "Read", "arguments": '{"file_path": "utils.py"}'}}]}
+    T1 = {"role": "tool", "tool_call_id": "c1", "content": "No such file", "is_error": True}
+    states = [{"state_id": "a", "messages": [SYS, U, A1, T1], "student_action": "I give up."},
+              {"state_id": "b", "messages": [SYS, U], "student_action": '[TOOL_USE] name=Read input={"file_path": "x"}'}]
+    acts = [{"state_id": s, "teacher_slug": t, "response_text": txt, "latency_s": 0.1, "prompt_tokens": 1,
+             "completion_tokens": 1, "cost_usd": 0.0, "error": None}
+            for s, t, txt in [("a", "t/0", '[TOOL_USE] name=Bash input={"command": "ls", "all": true}'),
+                              ("a", "t/1", '[TOOL_USE] name=Bash input={"all": true, "command": "ls"}'),
+                              ("b", "t/0", "Sure, done."), ("b", "t/1", "Sure,   done.")]]
+    pairs = extract_dpo_pairs(states, acts)
+    assert [p["state_id"] for p in pairs] == ["a", "b"]
+    ds = Dataset.from_list(to_preference_rows(pairs))
+    tok = tiny_tokenizer()
+    args = DPOConfig(output_dir=str(tmp_path), max_steps=1, per_device_train_batch_size=2, report_to=[], save_strategy="no",
+                     use_cpu=True, logging_steps=1)
+    trainer = DPOTrainer(model=tiny_causal_lm(seed=0), ref_model=tiny_causal_lm(seed=0), args=args, train_dataset=ds,
+                         processing_class=tok)
+    ex = trainer.train_dataset[0]
+    assert tok.decode(ex["chosen_ids"]).startswith(pairs[0]["chosen"])
+    assert tok.decode(ex["rejected_ids"]).startswith("I give up.")
+    assert "<tool_response>\nNo such file" in tok.decode(ex["prompt_ids"])      # the tool result reached the prompt
+    out = trainer.train()
+    assert abs(out.training_loss - 0.6931471805599453) < 1e-4                 # policy == reference: loss = ln 2
+
+
+def test_a_broken_transport_fails_calls_not_the_run():
+    """An unexpected exception in the transport fails those calls (redacted, charged at worst case) without a crash."""
+    import httpx
+
+    class Boom(httpx.AsyncBaseTransport):
+        async def handle_async_request(self, request):
+            raise ValueError(f"boom with {request.headers['authorization']}")
+    res = run(replay_trace(make_states(2), teachers([(1.0, 1.0)]), api_key=PLANTED, base_url="http://127.0.0.1:9/v1",
+                           transport=Boom(), progress=False))
+    assert [r["response_text"] for r in res] == [None, None]
+    assert all("ValueError: boom with Bearer ***" in r["error"] and r["cost_usd"] > 0 for r in res)
+    assert PLANTED not in repr(res)

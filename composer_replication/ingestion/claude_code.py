@@ -21,8 +21,8 @@ class TraceState(TypedDict):
     messages: list[dict]  # OpenAI-style chat history before this assistant turn
     student_action: str   # the turn's blocks rendered by `render_action`
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #77fecdd8
-_THINK, _TOOL = "[THINKING] ", "[TOOL_USE] "
+# %% ../../nbs/10_ingestion.claude_code.ipynb #1a04e42c
+_THINK, _THINK_END, _TOOL = "[THINKING] ", "\n[/THINKING]", "[TOOL_USE] "
 
 def render_action(blocks:list[dict], # content blocks: {"type": "text"|"thinking"|"tool_use", ...}
                  ) -> str: # blocks joined by "\n\n" in the documented format
@@ -32,7 +32,7 @@ def render_action(blocks:list[dict], # content blocks: {"type": "text"|"thinking
     for i, b in enumerate(blocks):
         t = b.get("type") if isinstance(b, dict) else None
         if t == "text": parts.append(_need_str(b, "text", i))
-        elif t == "thinking": parts.append(_THINK + _need_str(b, "thinking", i))
+        elif t == "thinking": parts.append(_THINK + _need_str(b, "thinking", i) + _THINK_END)
         elif t == "tool_use":
             name, inp = _need_str(b, "name", i), b.get("input", {})
             if not isinstance(inp, dict): raise TypeError(f"blocks[{i}]['input'] must be a dict, got {type(inp).__name__}")
@@ -45,7 +45,7 @@ def _need_str(b, k, i):
     if not isinstance(v, str): raise TypeError(f"blocks[{i}][{k!r}] must be a str, got {type(v).__name__}")
     return v
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #b8e20573
+# %% ../../nbs/10_ingestion.claude_code.ipynb #0d896382
 _DEC = json.JSONDecoder()
 
 def parse_student_action(action:str, # a `student_action` produced by `render_action` (or any string)
@@ -53,48 +53,51 @@ def parse_student_action(action:str, # a `student_action` produced by `render_ac
     "Split a rendered student action back into content blocks (inverse of `render_action`, see edge cases)."
     if not isinstance(action, str): raise TypeError(f"action must be a str, got {type(action).__name__}")
     if action == "": return []
-    starts = _marker_starts(action)
-    if not starts or starts[0] != 0: starts = [0] + starts
-    out = []
-    for j, s in enumerate(starts):
-        end = starts[j + 1] - 2 if j + 1 < len(starts) else len(action)  # drop the "\n\n" before the next marker
-        seg = action[s:end]
-        if seg.startswith(_THINK): _add(out, {"type": "thinking", "thinking": seg[len(_THINK):]})
-        elif seg.startswith(_TOOL) and (tu := _parse_tool(seg)) is not None:
-            blk, rest = tu
-            out.append(blk)
-            if rest: _add(out, {"type": "text", "text": rest[2:]})  # rest starts with the "\n\n" separator
-        else: _add(out, {"type": "text", "text": seg})
+    out, p, n = [], 0, len(action)
+    while True:  # p <= n; p == n after a final separator means a last, empty text block
+        blk, end = None, None
+        if action.startswith(_THINK, p) and (e := _thinking_end(action, p + len(_THINK))) is not None:
+            blk, end = {"type": "thinking", "thinking": action[p + len(_THINK):e]}, e + len(_THINK_END)
+        elif action.startswith(_TOOL, p) and (tu := _parse_tool(action[p:_next_start(action, p)])) is not None:
+            blk, end = tu[0], p + tu[1]
+        if blk is None:  # text up to the next marker at a block start (edge cases 3 and 5)
+            end = _next_start(action, p)
+            _add(out, {"type": "text", "text": action[p:end]})
+        else: out.append(blk)
+        if end == n: break
+        p = end + 2  # skip the "\n\n" separator
     return out
 
-def _marker_starts(a):
-    "Offsets where a marker begins a block (string start or after a blank line)."
-    res = [0] if a.startswith((_THINK, _TOOL)) else []
-    for m in ("\n\n" + _THINK, "\n\n" + _TOOL):
-        i = a.find(m)
-        while i != -1: res.append(i + 2); i = a.find(m, i + 1)
-    return sorted(set(res))
+def _thinking_end(a, i):
+    "Offset of the first '\\n[/THINKING]' at or after i followed by the end or '\\n\\n'; None when there is none."
+    e = a.find(_THINK_END, i)
+    while e != -1:
+        k = e + len(_THINK_END)
+        if k == len(a) or a.startswith("\n\n", k): return e
+        e = a.find(_THINK_END, e + 1)
+    return None
+
+def _next_start(a, p):
+    "Offset of the first '\\n\\n' at or after p that is followed by a marker, else len(a)."
+    return min((j for j in (a.find("\n\n" + _THINK, p), a.find("\n\n" + _TOOL, p)) if j != -1), default=len(a))
 
 def _parse_tool(seg):
-    "Parse '[TOOL_USE] name=N input={...}' (+ optional '\\n\\n' tail); None when it is not one."
+    "(block, length) for a segment starting '[TOOL_USE] name=N input={...}'; None when it is not one."
     head, sep, js = seg[len(_TOOL):].partition(" input=")
     if not sep or not head.startswith("name=") or "\n" in head: return None
     try: inp, k = _DEC.raw_decode(js)
     except ValueError: return None
-    rest = js[k:]
-    if not isinstance(inp, dict) or (rest and not rest.startswith("\n\n")): return None
-    return {"type": "tool_use", "name": head[5:], "input": inp}, rest
+    if not isinstance(inp, dict) or (k < len(js) and not js.startswith("\n\n", k)): return None
+    return {"type": "tool_use", "name": head[len("name="):], "input": inp}, len(seg) - len(js) + k
 
 def _add(out, blk):
-    "Append a text/thinking block, merging text into a preceding text or thinking block (edge cases 1-2)."
-    if blk["type"] == "text" and out and out[-1]["type"] in ("text", "thinking"):
-        k = "text" if out[-1]["type"] == "text" else "thinking"
-        out[-1] = {**out[-1], k: out[-1][k] + "\n\n" + blk["text"]}
+    "Append a text block, merging it into a preceding text block (edge case 1)."
+    if out and out[-1]["type"] == "text": out[-1] = {"type": "text", "text": out[-1]["text"] + "\n\n" + blk["text"]}
     else: out.append(blk)
 
 def normalize_blocks(blocks:list[dict], # content blocks as given to `render_action`
                     ) -> list[dict]: # the blocks `parse_student_action(render_action(blocks))` returns
-    "Canonical form of a block list: ids dropped, text merged into a preceding text/thinking block."
+    "Canonical form of a block list: ids dropped, consecutive text blocks merged."
     out = []
     for b in blocks:
         if b["type"] == "tool_use": out.append({"type": "tool_use", "name": b["name"], "input": b.get("input", {})})
@@ -259,7 +262,7 @@ def _token_counter(tokenizer):
         return n + 4
     return count
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #a9d0ba37
+# %% ../../nbs/10_ingestion.claude_code.ipynb #bddc2417
 _MIN_VERSION, _MAX_VERSION = (1, 0, 98), (2, 1, 39)
 _NO_RESULT = "[no tool result recorded]"
 
@@ -378,11 +381,8 @@ class _Trace:
         return out
 
     def _assistant_message(self, blocks):
-        parts = []
-        for b in blocks:
-            if b["type"] == "text": parts.append(b["text"])
-            elif b["type"] == "thinking" and not self.ing.strip_thinking: parts.append(_THINK + b["thinking"])
-        m = {"role": "assistant", "content": "\n\n".join(parts)}
+        keep = ("text",) if self.ing.strip_thinking else ("text", "thinking")
+        m = {"role": "assistant", "content": render_action([b for b in blocks if b["type"] in keep])}
         calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _dumps(b.get("input", {}))}}
                  for b in blocks if b["type"] == "tool_use"]
         if calls: m["tool_calls"] = calls

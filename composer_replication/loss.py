@@ -89,7 +89,7 @@ def _valid_rows(hidden, targets, ignore_index, vocab):
         raise ValueError(f"targets must be in [0, {vocab}) or ignore_index={ignore_index}, got values in [{int(y.min())}, {int(y.max())}]")
     return h, y, valid
 
-# %% ../nbs/06_loss.ipynb #afc023b0
+# %% ../nbs/06_loss.ipynb #a76a4d1f
 class _LinearCE(torch.autograd.Function):
     "Chunked cross-entropy sum * scale; gradients computed in forward."
     @staticmethod
@@ -101,13 +101,15 @@ class _LinearCE(torch.autograd.Function):
         total = torch.zeros((), dtype=acc, device=h.device)
         for i in range(0, n, chunk_size):
             j = min(i + chunk_size, n); hc, yc = h[i:j], y[i:j]
-            z = (hc @ w.T).to(acc)
-            lse = torch.logsumexp(z, -1)
-            rows = lse - (1 - eps) * z.gather(1, yc[:, None]).squeeze(1)
+            z = (hc @ w.T).to(acc)  # the only (C, V) buffer: softmax is formed in place
+            rows = -(1 - eps) * z.gather(1, yc[:, None]).squeeze(1)
             if eps: rows = rows - eps * z.mean(-1)
+            mx = z.amax(-1, keepdim=True)
+            sumexp = z.sub_(mx).exp_().sum(-1)
+            rows = rows + mx.squeeze(1) + sumexp.log()  # + logsumexp
             total += rows.sum()
             if need_h or need_w:
-                p = z.sub_(lse[:, None]).exp_()
+                p = z.div_(sumexp[:, None])
                 p[torch.arange(j - i, device=p.device), yc] -= 1 - eps
                 if eps: p.sub_(eps / V)
                 p.mul_(scale)
@@ -141,7 +143,7 @@ def linear_cross_entropy(
     scale = 1.0 / max(y.numel(), 1) if reduction == "mean" else 1.0
     return _LinearCE.apply(h, weight, y, float(label_smoothing), chunk_size, scale, torch.is_grad_enabled())
 
-# %% ../nbs/06_loss.ipynb #4e863b07
+# %% ../nbs/06_loss.ipynb #6e376f6f
 class _LinearTokenLogprobs(torch.autograd.Function):
     "Chunked log p(y | h); backward recomputes each chunk's logits."
     @staticmethod
@@ -151,8 +153,10 @@ class _LinearTokenLogprobs(torch.autograd.Function):
         for i in range(0, n, chunk_size):
             j = min(i + chunk_size, n)
             z = (h[i:j] @ w.T).to(acc)
-            lse[i:j] = torch.logsumexp(z, -1)
-            out[i:j] = z.gather(1, y[i:j, None]).squeeze(1) - lse[i:j]
+            zy = z.gather(1, y[i:j, None]).squeeze(1)
+            mx = z.amax(-1, keepdim=True)
+            lse[i:j] = mx.squeeze(1) + z.sub_(mx).exp_().sum(-1).log()  # in place: no second (C, V) buffer
+            out[i:j] = zy - lse[i:j]
             del z
         ctx.save_for_backward(h, w, y, lse); ctx.chunk_size = chunk_size
         return out.to(h.dtype)

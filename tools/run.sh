@@ -25,7 +25,7 @@ setup() {
 
 case "${1:-}" in
   setup) setup ;;
-  main)  setup; shift; composer-replication info; exec composer-replication "${@:---help}" ;;
+  main)  setup; shift; exec composer-replication demo "$@" ;;
   test)  setup; shift; exec .venv/bin/python tools/run_tests.py "$@" ;;
   *) echo "usage: bash tools/run.sh {main|test|setup}" >&2; exit 2 ;;
 esac

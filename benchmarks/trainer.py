@@ -6,7 +6,8 @@ Each configuration runs in its own subprocess (torch.set_num_threads(2), the tin
 tokenizer, the sample session's traces with its error sites and two DPO pairs):
 
   three_channel  ComposerReplicationTrainer: GRPO + alpha*SDPO + beta*DPO in one optimizer step
-  grpo           trl.GRPOTrainer alone, same GRPO settings
+  grpo           trl.GRPOTrainer alone, same GRPO settings (fp32 and no gradient checkpointing for all: GRPOConfig
+                 defaults to bf16 autocast and checkpointing, which on a CPU only slow every channel down)
   sdpo_alone     an AdamW step on the SDPO channel alone (same trace batches)
   dpo_alone      an AdamW step on the DPO channel alone (reference log-probs included)
 
@@ -96,7 +97,7 @@ def worker(cfg: str, steps: int, warmup: int) -> dict:
     with tempfile.TemporaryDirectory() as d:
         args = GRPOConfig(output_dir=d, per_device_train_batch_size=4, num_generations=4, max_completion_length=16,
                           max_steps=warmup + steps, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
-                          learning_rate=1e-3, seed=0, disable_tqdm=True)
+                          learning_rate=1e-3, seed=0, disable_tqdm=True, bf16=False, gradient_checkpointing=False)  # fp32, as DESIGN §7
         kw = dict(model=model, reward_funcs=reward, args=args, train_dataset=prompts, processing_class=tok, callbacks=[Timer()])
         if cfg == "grpo":
             tr = GRPOTrainer(**kw)

@@ -14,7 +14,7 @@ from torch import Tensor
 # %% auto #0
 __all__ = ['REDUCTIONS', 'generalized_jsd_loss', 'linear_generalized_jsd_loss']
 
-# %% ../nbs/01_opsd.ipynb #b3f3e2c2
+# %% ../nbs/01_opsd.ipynb #3a7f8f9c
 REDUCTIONS = ("batchmean", "sum", "mean", "none")
 
 def _check_reduction(reduction):
@@ -70,7 +70,7 @@ def _reduce(per_token, mask, reduction, vocab, num_items_in_batch=None):
     if reduction == "sum": return total
     n = mask.sum().to(total.dtype) if mask is not None else total.new_tensor(float(per_token.numel()))
     if reduction == "mean": n = n * vocab
-    return total / n.clamp_min(1)
+    return total / torch.where(n == 0, n.new_ones(()), n)  # divide by 1 only when nothing is unmasked
 
 # %% ../nbs/01_opsd.ipynb #ac7830ca
 def _jsd_per_token(log_s, log_t, beta):
@@ -115,7 +115,7 @@ def generalized_jsd_loss(
     if token_clip is not None: per_token = per_token.clamp(max=float(token_clip))
     return _reduce(per_token, mask, reduction, vocab, num_items_in_batch)
 
-# %% ../nbs/01_opsd.ipynb #304c900f
+# %% ../nbs/01_opsd.ipynb #ce556d31
 def _rowdot(a, b):
     "Row-wise dot product of two `(C, V)` tensors without a `(C, V)` temporary."
     return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
@@ -148,7 +148,7 @@ def _jsd_chunk(zs, zt, beta, need_s, need_t):
     if need_t: gt = lt.sub_(kl_t[:, None]).mul_(pt).mul_(beta)
     return beta * kl_t + (1.0 - beta) * kl_s, gs, gt
 
-# %% ../nbs/01_opsd.ipynb #8906b2e9
+# %% ../nbs/01_opsd.ipynb #74d6ef55
 def _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, row_scale, need):
     "Chunk loop: per-token JSD `(N,)` and, when `row_scale` is given, gradients of `sum(row_scale * d)`."
     n = hs.shape[0]
@@ -190,7 +190,7 @@ def _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, row_sca
     if g_wt is not None: g_wt = g_wt.to(wt.dtype)
     return d_all, (g_hs, g_ht, g_w, g_wt)
 
-# %% ../nbs/01_opsd.ipynb #57a8606a
+# %% ../nbs/01_opsd.ipynb #f47f6cc7
 class _LinearJSD(torch.autograd.Function):
     "Chunked generalized JSD from hidden states; scalar mode precomputes grads in forward, per-token mode recomputes in backward."
     @staticmethod
@@ -219,7 +219,7 @@ class _LinearJSD(torch.autograd.Function):
             grads = tuple(None if x is None else x * g.to(x.dtype) for x in ctx.saved_tensors)
         return (*grads, None, None, None, None, None, None, None)
 
-# %% ../nbs/01_opsd.ipynb #3748cd00
+# %% ../nbs/01_opsd.ipynb #5806e1bd
 def linear_generalized_jsd_loss(
     student_hidden:Tensor, # (N, d) or (B, T, d) final hidden states of the student, with grad
     teacher_hidden:Tensor, # same shape: final hidden states of the teacher

@@ -88,7 +88,9 @@ def test_crashed_replica_fails_fast_and_peer_times_out(tmp_path):
     hs = ex.launch_replicas(2, ENTRY, {"rendezvous_uri": str(tmp_path / "rdv"), "world_size": 2, "trainer_module": "diloco_helpers",
                                        "trainer_fn": "linear_trainer", "trainer_kwargs": {"crash_rank": 1, "crash_at": 2},
                                        "store_kwargs": {"timeout_s": 5, "poll_interval_s": 0.05}}, timeout=300)
-    r0, r1 = ex.collect(hs, timeout=300)
+    try: r0, r1 = ex.collect(hs, timeout=300)
+    finally:
+        for h in hs: ex.cancel(h)
     assert time.monotonic() - t0 < 120
     assert (r1["status"], r1["exit_code"]) == ("failed", 9) and "exited with code 9" in r1["error"]
     assert (r0["status"], r0["exit_code"]) == ("failed", 1) and "TimeoutError" in r0["error"] and "rank(s) [1]" in r0["error"], r0["error"]
@@ -99,7 +101,9 @@ def test_linear_trainer_replicas_agree(tmp_path):
     ex = LocalProcessExecutor()
     hs = ex.launch_replicas(2, ENTRY, {"rendezvous_uri": str(tmp_path / "rdv"), "world_size": 2, "trainer_module": "diloco_helpers",
                                        "trainer_fn": "linear_trainer", "store_kwargs": {"timeout_s": 60, "poll_interval_s": 0.02}}, timeout=300)
-    r0, r1 = ex.collect(hs, timeout=300)
+    try: r0, r1 = ex.collect(hs, timeout=300)
+    finally:
+        for h in hs: ex.cancel(h)
     assert (r0["status"], r1["status"]) == ("succeeded", "succeeded"), (r0["error"], r1["error"])
     for n in r0["result"]: assert torch.equal(r0["result"][n], r1["result"][n])
 

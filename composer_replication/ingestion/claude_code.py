@@ -410,7 +410,7 @@ def _dumps(o):
     try: return orjson.dumps(o).decode()
     except TypeError: return json.dumps(o, ensure_ascii=False)
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #b9052f39
+# %% ../../nbs/10_ingestion.claude_code.ipynb #1e86371f
 class ClaudeCodeIngester:
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
     def __init__(self, *,
@@ -526,6 +526,7 @@ class ClaudeCodeIngester:
             out = tr.close()
             if out is not None: st.n_states_emitted += 1; yield out
         trusted = [s for leaf, s in summaries if leaf in uuids]
+        if self.redact_secrets: trusted = [redact_secrets(s, st.redactions) if isinstance(s, str) else s for s in trusted]
         st.n_summaries_trusted += len(trusted)
         if trusted: self.last_summaries[fp.stem] = trusted
 
@@ -552,7 +553,7 @@ def _first_session_id(fp, max_lines=50):
             if isinstance(rec, dict) and isinstance(rec.get("sessionId"), str): return rec["sessionId"]
     return None
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #046e83ba
+# %% ../../nbs/10_ingestion.claude_code.ipynb #9e5c9550
 def ingest_command(src:str, # a session .jsonl file or a folder of them
                    out:str, # where to write the TraceStates, one JSON object per line
                    *, skip_sidechain:bool=True, # skip subagent transcripts

@@ -119,7 +119,7 @@ def tool_specs(states:Sequence[TraceState], # the trace
              "parameters": {"type": "object", "properties": {k: prop(ts) for k, ts in sorted(props.items())}}}}
             for n, props in sorted(seen.items())]
 
-# %% ../nbs/13_teacher_replay.ipynb #21cda5b4
+# %% ../nbs/13_teacher_replay.ipynb #a1bcf952
 def teacher_request(state:TraceState, # one decision point
                     teacher:TeacherSpec, # the model to ask
                     *,
@@ -130,13 +130,15 @@ def teacher_request(state:TraceState, # one decision point
                     extra_body:dict|None=None, # more request fields (temperature, reasoning, ...)
                    ) -> dict: # the JSON body of one chat-completions request
     "The chat-completions body asking `teacher` for the next action at `state`."
-    body = {**(extra_body or {}), "model": teacher["slug"], "messages": openai_messages(state["messages"], instruction),
-            "max_tokens": int(max_tokens)}
+    return _request_body(openai_messages(state["messages"], instruction), teacher, max_tokens, tools, provider, extra_body)
+
+def _request_body(messages, teacher, max_tokens, tools, provider, extra_body):
+    body = {**(extra_body or {}), "model": teacher["slug"], "messages": messages, "max_tokens": int(max_tokens)}
     if tools: body["tools"] = tools
     if provider: body["provider"] = provider
     return body
 
-# %% ../nbs/13_teacher_replay.ipynb #129a8f5a
+# %% ../nbs/13_teacher_replay.ipynb #4d15c841
 def render_reply(message:dict, # an OpenAI assistant message: content and/or tool_calls
                 ) -> str: # the action string, in `render_action`'s format
     "Render a chat-completions assistant message as an action string, like a `student_action`."
@@ -149,8 +151,10 @@ def render_reply(message:dict, # an OpenAI assistant message: content and/or too
         raw = fn.get("arguments")
         if isinstance(raw, dict): args = raw
         else:
-            try: args = json.loads(raw) if raw else {}
-            except (TypeError, ValueError): args = None
+            try: args = orjson.loads(raw) if raw else {}
+            except orjson.JSONDecodeError:       # what orjson refuses but json reads (NaN, huge ints), json decides
+                try: args = json.loads(raw)
+                except (TypeError, ValueError): args = None
             if not isinstance(args, dict): args = {"_raw_arguments": raw}
         blocks.append({"type": "tool_use", "name": str(fn.get("name") or ""), "input": args})
     return render_action(blocks)
@@ -183,7 +187,7 @@ def retry_after_s(headers:Any, # HTTP response headers (any mapping)
     if not found and isinstance(meta.get("retry_after_seconds"), (int, float)): found.append(float(meta["retry_after_seconds"]))
     return max(0.0, max(found)) if found else None
 
-# %% ../nbs/13_teacher_replay.ipynb #f25217c2
+# %% ../nbs/13_teacher_replay.ipynb #142cecf8
 _PROMPT_OVERHEAD_TOKENS = 512
 
 def worst_case_usd(body_bytes:int, # length of the serialized request body
@@ -200,25 +204,29 @@ class _Budget:
         self.cond, self.closed, self.waiting = asyncio.Condition(), False, deque()
     async def reserve(self, amount):
         "Reserve `amount` in turn; wait while calls in flight may free room; False when it can never fit (or closed)."
+        if not self.waiting and not self.closed and self.spent + self.reserved + amount <= self.cap:
+            self._grant(amount); return True          # nobody ahead and it fits: no lock needed on one event loop
         async with self.cond:
             ticket = object(); self.waiting.append(ticket)
             try:
                 while not self.closed:
                     if self.waiting[0] is ticket:
                         if self.spent + self.reserved + amount <= self.cap:
-                            self.reserved += amount; self.in_flight += 1
-                            self.peak = max(self.peak, self.spent + self.reserved)
-                            return True
+                            self._grant(amount); return True
                         if self.in_flight == 0: return False
                     await self.cond.wait()
                 return False
             finally:
                 self.waiting.remove(ticket); self.cond.notify_all()
+    def _grant(self, amount):
+        self.reserved += amount; self.in_flight += 1
+        if self.spent + self.reserved > self.peak: self.peak = self.spent + self.reserved
     async def settle(self, reserved, actual):
-        async with self.cond:
-            self.reserved -= reserved; self.in_flight -= 1; self.spent += actual
-            self.peak = max(self.peak, self.spent + self.reserved)
-            self.cond.notify_all()
+        "Replace a reservation by the actual cost; wake the waiting reservations, if any."
+        self.reserved -= reserved; self.in_flight -= 1; self.spent += actual
+        if self.spent + self.reserved > self.peak: self.peak = self.spent + self.reserved
+        if self.waiting:
+            async with self.cond: self.cond.notify_all()
     async def close(self):
         async with self.cond: self.closed = True; self.cond.notify_all()
 
@@ -311,7 +319,7 @@ class _Job:
                 "latency_s": self.latency, "prompt_tokens": self.pt, "completion_tokens": self.ct,
                 "cost_usd": self.cost, "error": error}
 
-# %% ../nbs/13_teacher_replay.ipynb #1cada9f8
+# %% ../nbs/13_teacher_replay.ipynb #73bad623
 def _check_states(states):
     if isinstance(states, (str, bytes, dict)) or not isinstance(states, Sequence):
         raise TypeError(f"states must be a sequence of TraceState dicts, got {type(states).__name__}")
@@ -345,7 +353,8 @@ def _resolve_endpoint(base_url, api_key):
     url = base_url or env_url or OPENROUTER_BASE_URL
     if not isinstance(url, str) or urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
         raise ValueError(f"base_url must be an http(s) URL such as {OPENROUTER_BASE_URL!r}, got {url!r}")
-    is_or = (urlparse(url).hostname or "").endswith("openrouter.ai")
+    host = urlparse(url).hostname or ""
+    is_or = host == "openrouter.ai" or host.endswith(".openrouter.ai")  # not e.g. evilopenrouter.ai
     if api_key is not None and not isinstance(api_key, str): raise TypeError("api_key must be a str")
     key = (api_key or (os.environ.get("OPENROUTER_API_KEY") if (base_url is None or is_or) else None) or "").strip() or None
     if key is not None and (not key.isprintable() or any(c.isspace() for c in key)):
@@ -354,7 +363,7 @@ def _resolve_endpoint(base_url, api_key):
         raise RuntimeError("no OpenRouter API key: pass api_key=... or set OPENROUTER_API_KEY")
     return url.rstrip("/") + "/chat/completions", is_or, key
 
-# %% ../nbs/13_teacher_replay.ipynb #e5143158
+# %% ../nbs/13_teacher_replay.ipynb #7ba1d1b0
 def _err_text(data, raw, status):
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict):
@@ -374,11 +383,12 @@ def _usage_cost(usage, teacher):
 
 class _Run:
     "State of one `replay_trace` call (internal)."
-    def __init__(self, client, url, headers, redact, budget, journal, pbar, retrying_kw, max_wait_s):
-        self.client, self.url, self.headers, self.redact = client, url, headers, redact
+    def __init__(self, http, redact, budget, journal, pbar, retrying_kw, max_wait_s):
+        self.http, self.redact = http, redact
         self.budget, self.journal, self.pbar, self.rkw, self.max_wait_s = budget, journal, pbar, retrying_kw, max_wait_s
         self.results, self.not_attempted, self.halted, self.fatal = [], [], None, None
         self.pending: dict = {}; self.overspent = False   # job -> its send task, until its outcome is recorded
+        self.unshown, self.next_show = 0, 0.0            # progress bar updates, at most ~10 a second
 
     async def halt(self, why):
         if self.halted is None: self.halted = why
@@ -387,23 +397,29 @@ class _Run:
     def emit(self, res):
         self.results.append(res)
         if self.journal is not None: self.journal.put(res[1])
-        if not self.pbar.disable: self.pbar.update(1); self.pbar.set_postfix_str(f"${self.budget.spent:.4f}", refresh=False)
+        if self.pbar is not None:
+            self.unshown += 1
+            if time.monotonic() >= self.next_show: self.show()
+
+    def show(self):
+        "Bring the progress bar up to date: calls done and cost so far."
+        self.pbar.set_postfix_str(f"${self.budget.spent:.4f}", refresh=False)
+        if self.unshown: self.pbar.update(self.unshown); self.unshown = 0
+        self.next_show = time.monotonic() + 0.1
 
     async def send(self, job):
         "One HTTP exchange; returns ('ok', text) or an exception to raise. Settles the budget."
-        import httpx
-        charge, t0 = job.need, time.perf_counter()
+        http, charge, t0 = self.http, job.need, time.perf_counter()
         try:
-            try: resp = await self.client.post(self.url, content=job.body, headers=self.headers)
-            except httpx.ConnectError as e:
+            try: status, headers, raw = await http.post(job.body)
+            except http.connect_errors as e:      # refused, DNS, TLS: nothing was sent
                 charge = 0.0
                 return _Retry(f"connection failed: {self.redact(e) or type(e).__name__}")
-            except httpx.TransportError as e:
+            except http.transport_errors as e:    # dropped, timed out, ... after sending: its fate is unknown
                 return _Retry(f"{type(e).__name__}: {self.redact(e)} (charged at worst case: the provider may have billed it)")
             except Exception as e:    # anything else (a broken transport, ...): this call fails, the run goes on
                 return _Failed(f"{type(e).__name__}: {self.redact(e)} (charged at worst case)")
             job.latency = time.perf_counter() - t0
-            status, raw = resp.status_code, resp.content
             try: data = orjson.loads(raw)
             except orjson.JSONDecodeError: data = None
             err = data.get("error") if isinstance(data, dict) else None
@@ -422,7 +438,7 @@ class _Run:
             c = _usage_cost(usage, job.teacher)
             charge = c or 0.0                       # providers do not bill errors unless they report usage
             text = self.redact(_err_text(data, raw, status))
-            wait = retry_after_s(resp.headers, data)
+            wait = retry_after_s(headers, data)
             if status in (401, 403):
                 hint = "check the API key" if status == 401 else "the request or the key was refused"
                 return _Fatal(f"teacher {job.teacher['slug']!r} answered HTTP {status} ({text}): {hint}", status)
@@ -534,7 +550,69 @@ def _pooled_transport(max_connections, per_pool=4):
             for p in self.pools: await p.aclose()
     return _SplitPool()
 
-# %% ../nbs/13_teacher_replay.ipynb #9cd6d1c2
+# %% ../nbs/13_teacher_replay.ipynb #0f964584
+def _env_proxy(url):
+    "The proxy the environment (HTTP(S)_PROXY, ALL_PROXY, NO_PROXY) sets for `url`, or None."
+    import urllib.request
+    u = urlparse(url); proxies = urllib.request.getproxies()
+    p = proxies.get(u.scheme) or proxies.get("all")
+    return None if not p or urllib.request.proxy_bypass(u.hostname or "") else p
+
+class _AiohttpPost:
+    "POSTs over one aiohttp session (the least client CPU per call)."
+    kind = "aiohttp"
+    def __init__(self, url, headers, max_connections, timeout_s):
+        import aiohttp
+        ssl = True
+        if urlparse(url).scheme == "https":
+            import httpx
+            ssl = httpx.create_ssl_context()       # the CA bundle httpx uses (certifi, SSL_CERT_FILE)
+        self.url, self.proxy = url, _env_proxy(url)
+        if self.proxy and urlparse(self.proxy).scheme not in ("http", "https"):   # (the URL may hold credentials: not shown)
+            raise ValueError(f'aiohttp takes http(s) proxies only, the environment sets a {urlparse(self.proxy).scheme} one: use transport="httpx"')
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=ssl),
+            headers=headers, cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=min(timeout_s, 30.0), sock_read=timeout_s))
+        self.connect_errors, self.transport_errors = (aiohttp.ClientConnectorError,), (aiohttp.ClientError, TimeoutError)
+    async def post(self, body):
+        async with self.session.post(self.url, data=body, allow_redirects=False, proxy=self.proxy) as r:
+            return r.status, r.headers, await r.read()
+    async def aclose(self): await self.session.close()
+
+class _HttpxPost:
+    "POSTs over one httpx.AsyncClient: the one given, or one made here on `transport` (default: split pools)."
+    kind = "httpx"
+    def __init__(self, url, headers, max_connections, timeout_s, transport=None, client=None):
+        import httpx
+        self.url, self.headers, self.own = httpx.URL(url), headers, client is None
+        if client is None:
+            client = httpx.AsyncClient(transport=transport or _pooled_transport(max_connections),
+                                       limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+                                       timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
+        self.client = client
+        self.connect_errors, self.transport_errors = (httpx.ConnectError,), (httpx.TransportError,)
+    async def post(self, body):
+        r = await self.client.post(self.url, content=body, headers=self.headers)
+        return r.status_code, r.headers, r.content
+    async def aclose(self):
+        if self.own: await self.client.aclose()
+
+def _open_http(url, headers, transport, client, max_connections, timeout_s):
+    "The client for a run: aiohttp by default when importable (and no proxy is set), else httpx."
+    if client is not None or (transport is not None and not isinstance(transport, str)):
+        return _HttpxPost(url, headers, max_connections, timeout_s, transport=transport, client=client)
+    if transport is None and _env_proxy(url) is None:
+        try: import aiohttp  # noqa: F401
+        except ImportError: pass
+        else: transport = "aiohttp"
+    if transport == "aiohttp":
+        try: import aiohttp  # noqa: F401
+        except ImportError as e: raise ImportError('transport="aiohttp" needs aiohttp: pip install aiohttp') from e
+        return _AiohttpPost(url, headers, max_connections, timeout_s)
+    return _HttpxPost(url, headers, max_connections, timeout_s)
+
+# %% ../nbs/13_teacher_replay.ipynb #810e66b3
 async def replay_trace(
     states:Sequence[TraceState], # the frozen trace, one entry per assistant turn
     teachers:Sequence[TeacherSpec]=tuple(DEFAULT_TEACHERS), # models to ask, with prices the budget reserves against
@@ -546,7 +624,7 @@ async def replay_trace(
     max_tokens:int=1024, # reply cap, always sent
     timeout_s:float=120.0, # per-attempt HTTP timeout
     journal:str|Path|None=None, # JSONL file: results appended as they complete; a rerun skips what it holds
-    transport:Any=None, # None: httpx pools (split, see above); an httpx.AsyncBaseTransport; or "aiohttp" (httpx-aiohttp)
+    transport:Any=None, # None: aiohttp if importable, else httpx (split pools); "aiohttp"; "httpx"; or an httpx.AsyncBaseTransport
     client:Any=None, # an httpx.AsyncClient to use (not closed here); excludes `transport`
     provider:dict|None=None, # OpenRouter provider routing; None: {"data_collection": "deny"} on OpenRouter
     tools:list[dict]|None=None, # None: `tool_specs(states)`; [] sends no tools
@@ -566,6 +644,8 @@ async def replay_trace(
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or (name == "timeout_s" and v == 0):
             raise ValueError(f"{name} must be a number {'> 0' if name == 'timeout_s' else '>= 0'}, got {v!r}")
     if client is not None and transport is not None: raise ValueError("pass either client or transport, not both")
+    if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
+        raise ValueError(f'transport must be None, "aiohttp", "httpx" or an httpx transport, got {transport!r}')
     url, is_or, key = _resolve_endpoint(base_url, api_key)
     try:
         import httpx
@@ -604,28 +684,19 @@ async def replay_trace(
     for i, s in enumerate(states):
         todo = [(j, t) for j, t in enumerate(teachers) if (s["state_id"], t["slug"]) not in done]
         if not todo: continue
-        shared = {**s, "messages": openai_messages(s["messages"], instruction)}   # converted once per state
+        msgs = openai_messages(s["messages"], instruction)    # converted once per state, as `teacher_request` would
         for j, t in todo:
-            body = orjson.dumps(teacher_request(shared, t, max_tokens=max_tokens, tools=tools, instruction=None,
-                                                provider=provider, extra_body=extra_body))
+            body = orjson.dumps(_request_body(msgs, t, max_tokens, tools, provider, extra_body))
             jobs.append(_Job((i, j), s, t, body, worst_case_usd(len(body), t, max_tokens)))
 
     headers = {"Content-Type": "application/json", "X-Title": "composer-replication"}
     if key: headers["Authorization"] = f"Bearer {key}"
-    own = client is None
-    if own:
-        limits = httpx.Limits(max_connections=max_concurrency, max_keepalive_connections=max_concurrency)
-        if transport == "aiohttp":
-            try: from httpx_aiohttp import AiohttpTransport
-            except ImportError as e: raise ImportError('transport="aiohttp" needs httpx-aiohttp: pip install httpx-aiohttp') from e
-            transport = AiohttpTransport(limits=limits)
-        client = httpx.AsyncClient(transport=transport or _pooled_transport(max_concurrency), limits=limits,
-                                   timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
-    pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call", disable=not progress)
-    budget = _Budget(float(max_total_usd), prior_spent)
-    jr = _Journal(journal) if journal is not None else None
-    run = _Run(client, httpx.URL(url), headers, redact, budget, jr, pbar, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s)
+    http = _open_http(url, headers, transport, client, max_concurrency, timeout_s)
+    budget, jr, pbar = _Budget(float(max_total_usd), prior_spent), None, None
+    run = _Run(http, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s)
     try:
+        run.journal = jr = _Journal(journal) if journal is not None else None
+        if progress: run.pbar = pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call")
         workers = [asyncio.ensure_future(run.worker(jobs)) for _ in range(min(max_concurrency, len(jobs)))]
         try: await asyncio.gather(*workers)
         except asyncio.CancelledError:
@@ -636,9 +707,12 @@ async def replay_trace(
             await run.drain(timeout_s)
             raise
     finally:
-        pbar.close()
-        if jr is not None: jr.close()
-        if own: await client.aclose()
+        if pbar is not None: run.show(); pbar.close()
+        try:
+            if jr is not None: jr.close()
+        except OSError as e:  # the results are paid for: return them, and say the journal may be incomplete
+            _log.warning("the journal %s could not be closed (%s): results are returned, but the journal may be incomplete", journal, e)
+        finally: await http.aclose()
     not_attempted = list(run.not_attempted) + list(jobs)
     new = [(job.i, res) for job, res in run.results]
     out = ReplayResults([r for _, r in sorted(kept + new, key=lambda x: x[0])],
@@ -653,7 +727,7 @@ async def replay_trace(
                                  status=e.status, teacher_slug=job.teacher["slug"], results=out)
     return out
 
-# %% ../nbs/13_teacher_replay.ipynb #3c3580cd
+# %% ../nbs/13_teacher_replay.ipynb #86fd2459
 def _canon(v):
     if isinstance(v, float) and v.is_integer(): return int(v)
     if isinstance(v, dict): return {str(k): _canon(x) for k, x in v.items()}
@@ -698,7 +772,7 @@ def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_
                              rejected=s["student_action"], n_teachers_agreeing=len(members)))
     return pairs
 
-# %% ../nbs/13_teacher_replay.ipynb #5d0be70e
+# %% ../nbs/13_teacher_replay.ipynb #b86ef365
 _PAIR_KEYS = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")
 
 def save_pairs(pairs:Sequence[DPOPair], # pairs from `extract_dpo_pairs`

@@ -38,10 +38,18 @@ def run(coro):
 # --------------------------------------------------------------------------- the key
 
 
-def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch):
+@pytest.fixture(params=[None, "httpx"], ids=["default-client", "httpx"])
+def client_kind(request):
+    "Run a test over both HTTP clients: the default (aiohttp where installed) and httpx."
+    if request.param is None: pytest.importorskip("aiohttp")
+    return request.param
+
+
+def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch, client_kind):
     """The key reaches the server (it demands it) but no result, journal, log line, progress bar, exception or repr."""
-    caplog.set_level(logging.DEBUG)                      # httpx, httpcore, tenacity, ours: everything
-    for name in ("httpx", "httpcore", "composer_replication", "tenacity"): caplog.set_level(logging.DEBUG, logger=name)
+    caplog.set_level(logging.DEBUG)                      # httpx, httpcore, aiohttp, tenacity, ours: everything
+    for name in ("httpx", "httpcore", "aiohttp", "composer_replication", "tenacity"): caplog.set_level(logging.DEBUG, logger=name)
+    kw = {"transport": client_kind}
     T = teachers([(1.0, 2.0)] * 3)
     echo = Failure(400, message=f"bad request from key {PLANTED}")   # a server that echoes the key back
     pol = {"t/0": ModelPolicy(reply="fine", failures=[Failure.rate_limited(0.05), Failure.server_error(500), Failure.dropped()]),
@@ -49,13 +57,13 @@ def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch):
            "t/2": ModelPolicy(reply=echo)}
     j = tmp_path / "journal.jsonl"
     with TeacherServer(pol, api_key=PLANTED) as srv:
-        res = run(replay_trace(make_states(4), T, api_key=PLANTED, base_url=srv.url, journal=j, backoff_s=0.01))
+        res = run(replay_trace(make_states(4), T, api_key=PLANTED, base_url=srv.url, journal=j, backoff_s=0.01, **kw))
         # the same through the environment (OpenRouter-style base URL from OPENROUTER_BASE_URL)
         monkeypatch.setenv("OPENROUTER_API_KEY", PLANTED); monkeypatch.setenv("OPENROUTER_BASE_URL", srv.url)
-        res_env = run(replay_trace(make_states(2, prefix="e"), T[:2], backoff_s=0.01))
+        res_env = run(replay_trace(make_states(2, prefix="e"), T[:2], backoff_s=0.01, **kw))
         with pytest.raises(TeacherReplayError) as ei:        # a 401 that echoes the key
             srv.policies["t/0"] = ModelPolicy(reply=Failure(401, message=f"Invalid key {PLANTED}"))
-            run(replay_trace(make_states(3, prefix="f"), T[:1], backoff_s=0.01, journal=j))
+            run(replay_trace(make_states(3, prefix="f"), T[:1], backoff_s=0.01, journal=j, **kw))
     assert {r["response_text"] for r in res if r["teacher_slug"] == "t/0"} == {"fine"}          # the key worked
     assert all("***" in r["error"] for r in res if r["teacher_slug"] == "t/2")                   # redacted, not dropped
     assert {r["error"] for r in res_env} == {None}
@@ -63,7 +71,8 @@ def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch):
     texts = {"results": json.dumps(res) + repr(res) + json.dumps(res_env) + repr(res_env), "journal": j.read_text(),
              "logs": caplog.text + "".join(str(r.args) for r in caplog.records), "stdout/stderr (progress bar)": out + err,
              "exception": str(ei.value) + repr(ei.value) + repr(ei.value.results) + repr(ei.value.args)}
-    assert len(caplog.records) > 0 and "HTTP Request" in caplog.text    # the logs were captured at all
+    assert "retrying t/0" in caplog.text                                # the logs were captured at all
+    if client_kind == "httpx": assert "HTTP Request" in caplog.text     # ... httpx's request log included
     for where, text in texts.items():
         assert PLANTED not in text, f"the key leaked into the {where}"
         assert PLANTED[8:20] not in text, f"part of the key leaked into the {where}"
@@ -225,11 +234,11 @@ def test_fatal_status_stops_the_run(tmp_path, status):
 # --------------------------------------------------------------------------- throughput and transports
 
 
-def test_concurrency_reaches_and_respects_the_limit():
+def test_concurrency_reaches_and_respects_the_limit(client_kind):
     T = teachers([(0, 0)] * 3)
     with TeacherServer({t["slug"]: ModelPolicy(latency_s=0.05) for t in T}) as srv:
         t0 = time.perf_counter()
-        res = run(replay_trace(make_states(64), T, base_url=srv.url, max_concurrency=64, progress=False))
+        res = run(replay_trace(make_states(64), T, base_url=srv.url, max_concurrency=64, transport=client_kind, progress=False))
         wall = time.perf_counter() - t0
         assert srv.max_in_flight == 64
     assert len(res) == 192 and {r["error"] for r in res} == {None}
@@ -237,7 +246,7 @@ def test_concurrency_reaches_and_respects_the_limit():
 
 
 def test_aiohttp_transport_end_to_end():
-    pytest.importorskip("httpx_aiohttp")
+    pytest.importorskip("aiohttp")
     T = teachers([(1.0, 2.0)] * 2)
     pol = {t["slug"]: ModelPolicy(reply="ok", failures=[Failure.dropped(), Failure.rate_limited(0.05)]) for t in T}
     with TeacherServer(pol, api_key=PLANTED) as srv:
@@ -246,6 +255,63 @@ def test_aiohttp_transport_end_to_end():
         assert srv.calls == 8 * 2 * 3
     assert {r["response_text"] for r in res} == {"ok"}
     assert all(r["cost_usd"] > 0 for r in res)
+
+
+def test_default_client_is_aiohttp_when_importable_else_httpx(monkeypatch):
+    """No transport given: aiohttp when it imports, else (cleanly) httpx; transport="aiohttp" without it is an ImportError."""
+    import importlib.util
+    import composer_replication.teacher_replay as tr
+    kinds, real = [], tr._open_http
+    def peek(*a, **k):
+        http = real(*a, **k); kinds.append(http.kind); return http
+    monkeypatch.setattr(tr, "_open_http", peek)
+    T, default = teachers([(1.0, 1.0)]), "aiohttp" if importlib.util.find_spec("aiohttp") else "httpx"
+    with TeacherServer({"t/0": ModelPolicy(reply="ok", failures=[Failure.dropped()])}) as srv:
+        res = run(replay_trace(make_states(3), T, base_url=srv.url, backoff_s=0.01, progress=False))
+        monkeypatch.setitem(__import__("sys").modules, "aiohttp", None)          # now aiohttp is not installed
+        res2 = run(replay_trace(make_states(3, size=201, prefix="n"), T, base_url=srv.url, backoff_s=0.01, progress=False))
+        assert srv.calls == 12                                                  # 6 states, each dropped once
+        assert kinds == [default, "httpx"]
+        assert {r["response_text"] for r in res + res2} == {"ok"}
+        with pytest.raises(ImportError, match="pip install aiohttp"):
+            run(replay_trace(make_states(1), T, base_url=srv.url, transport="aiohttp", progress=False))
+        assert srv.calls == 12
+    with pytest.raises(ValueError, match="transport must be"):
+        run(replay_trace(make_states(1), T, base_url="http://127.0.0.1:9/v1", transport="requests", progress=False))
+
+
+def test_a_proxy_in_the_environment_selects_httpx(monkeypatch):
+    """httpx handles every kind of proxy: with one set for the URL, the default client is httpx; NO_PROXY is honoured."""
+    pytest.importorskip("aiohttp")
+    import composer_replication.teacher_replay as tr
+    async def kind(url):
+        http = tr._open_http(url, {}, None, None, 4, 5.0)
+        await http.aclose()
+        return http.kind
+    for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(k, raising=False)
+    assert run(kind("http://10.1.2.3:8000/v1/chat/completions")) == "aiohttp"
+    monkeypatch.setenv("HTTP_PROXY", "socks5://user:pw@127.0.0.1:9")
+    assert run(kind("http://10.1.2.3:8000/v1/chat/completions")) == "httpx"
+    assert run(kind("https://10.1.2.3/v1/chat/completions")) == "aiohttp"      # no proxy for https
+    with pytest.raises(ValueError, match="socks5 one") as ei:
+        run(tr._open_http("http://10.1.2.3:8000/v1/chat/completions", {}, "aiohttp", None, 4, 5.0).aclose())
+    assert "pw" not in str(ei.value)
+    monkeypatch.setenv("NO_PROXY", "10.1.2.3")
+    assert run(kind("http://10.1.2.3:8000/v1/chat/completions")) == "aiohttp"
+
+
+def test_both_clients_classify_failures_alike(client_kind):
+    """Refused connection: retried, charged nothing. Dropped after sending: retried, charged the worst case."""
+    T = teachers([(1.0, 1.0)])
+    res = run(replay_trace(make_states(1), T, base_url="http://127.0.0.1:9/v1", transport=client_kind, max_retries=1,
+                           backoff_s=0.001, progress=False))
+    assert "connection failed" in res[0]["error"] and "after 2 attempt(s)" in res[0]["error"] and res[0]["cost_usd"] == 0
+    with TeacherServer({"t/0": ModelPolicy(reply="ok", fail_rate=1.0, fail_with=Failure.dropped())}) as srv:
+        res = run(replay_trace(make_states(1), T, base_url=srv.url, transport=client_kind, max_retries=1, backoff_s=0.001,
+                               progress=False))
+        assert srv.calls == 2
+    assert "charged at worst case" in res[0]["error"] and res[0]["cost_usd"] > 0 and res.spent_usd == res[0]["cost_usd"]
 
 
 # --------------------------------------------------------------------------- pairs

@@ -75,7 +75,7 @@ def parse_teachers(spec:str, # "slug[@in/out],..." or "http(s)://host/v1,model[@
         out.append({"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout})
     return base, out
 
-# %% ../nbs/40_demo.ipynb #57990d38
+# %% ../nbs/40_demo.ipynb #6c4faf45
 def _failed(states, i) -> bool:
     "Did the tool call of state i's action fail (its result, in the next state's history, is an error)?"
     if i + 1 >= len(states): return False
@@ -95,7 +95,7 @@ def scripted_policies(states:list[dict], # the trace being replayed
                      ) -> dict:
     "ModelPolicies for the local TeacherServer: two teachers give the corrected action, one a generic reply."
     from composer_replication.testing.teacher_server import ModelPolicy
-    from composer_replication.trainer.data_collator import action_to_message
+    from composer_replication.ingestion.claude_code import action_to_message
     by_len = {len(s["messages"]): i for i, s in enumerate(states)}
     def policy(k):
         def reply(body):

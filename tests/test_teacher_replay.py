@@ -357,7 +357,9 @@ def test_preference_rows_feed_trl_dpo_trainer(tmp_path):
     trainer = DPOTrainer(model=tiny_causal_lm(seed=0), ref_model=tiny_causal_lm(seed=0), args=args, train_dataset=ds,
                          processing_class=tok)
     ex = trainer.train_dataset[0]
-    assert tok.decode(ex["chosen_ids"]).startswith(pairs[0]["chosen"])
+    chosen = tok.decode(ex["chosen_ids"])                                      # the tool call as the template renders it
+    assert chosen.startswith('<tool_call>\n{"name": "Bash", "arguments": {"'), chosen
+    assert '"command": "ls"' in chosen and "[TOOL_USE]" not in chosen
     assert tok.decode(ex["rejected_ids"]).startswith("I give up.")
     assert "<tool_response>\nNo such file" in tok.decode(ex["prompt_ids"])      # the tool result reached the prompt
     out = trainer.train()

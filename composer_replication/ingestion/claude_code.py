@@ -11,8 +11,8 @@ from typing import Iterator, TypedDict
 import orjson
 
 # %% auto #0
-__all__ = ['SYSTEM_PROMPT', 'TraceState', 'render_action', 'parse_student_action', 'normalize_blocks', 'redact_secrets',
-           'IngestionStats', 'estimate_tokens', 'ClaudeCodeIngester', 'ingest_command']
+__all__ = ['SYSTEM_PROMPT', 'TraceState', 'render_action', 'parse_student_action', 'normalize_blocks', 'action_to_message',
+           'redact_secrets', 'IngestionStats', 'estimate_tokens', 'ClaudeCodeIngester', 'ingest_command']
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #39261c15
 class TraceState(TypedDict):
@@ -105,7 +105,23 @@ def normalize_blocks(blocks:list[dict], # content blocks as given to `render_act
         else: _add(out, {"type": "text", "text": b["text"]})
     return [] if out == [{"type": "text", "text": ""}] else out
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #88edac94
+# %% ../../nbs/10_ingestion.claude_code.ipynb #4855a5e4
+def action_to_message(action:str, # a rendered action (`student_action` format)
+                      keep_thinking:bool=False, # keep thinking blocks as <think>...</think> in the content
+                     ) -> dict: # {"role": "assistant", "content": str, "tool_calls"?: [...]}
+    "The OpenAI assistant message an action string stands for: text content plus tool calls."
+    text, calls = [], []
+    for b in parse_student_action(action):
+        if b["type"] == "text": text.append(b["text"])
+        elif b["type"] == "thinking" and keep_thinking: text.append(f"<think>\n{b['thinking']}\n</think>")
+        elif b["type"] == "tool_use":
+            calls.append({"id": f"call_{len(calls)}", "type": "function",
+                          "function": {"name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)}})
+    m = {"role": "assistant", "content": "\n\n".join(text)}
+    if calls: m["tool_calls"] = calls
+    return m
+
+# %% ../../nbs/10_ingestion.claude_code.ipynb #f80b68c7
 try: import re2 as _re2
 except ImportError: _re2 = None
 
@@ -201,7 +217,7 @@ def _redact_obj(o, counts):
     if isinstance(o, list): return [_redact_obj(v, counts) for v in o]
     return o
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #fae90ba8
+# %% ../../nbs/10_ingestion.claude_code.ipynb #b0781830
 SYSTEM_PROMPT = (
     "You are a senior software engineer working as a coding agent in a terminal environment. You help the user with "
     "software engineering tasks: reading and editing code, running commands, debugging, and explaining. Use the tools "
@@ -241,7 +257,7 @@ class IngestionStats:
     def __post_init__(self):
         if self.version_warnings is None: self.version_warnings = []
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #2bbc862b
+# %% ../../nbs/10_ingestion.claude_code.ipynb #f7cd0c15
 def estimate_tokens(message:dict, # an OpenAI-style chat message
                    ) -> int: # ceil(chars / 4) + 4
     "Token estimate used when no tokenizer is given: ceil(characters / 4) + 4 per message."
@@ -262,7 +278,7 @@ def _token_counter(tokenizer):
         return n + 4
     return count
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #bddc2417
+# %% ../../nbs/10_ingestion.claude_code.ipynb #dda06b90
 _MIN_VERSION, _MAX_VERSION = (1, 0, 98), (2, 1, 39)
 _NO_RESULT = "[no tool result recorded]"
 
@@ -410,7 +426,7 @@ def _dumps(o):
     try: return orjson.dumps(o).decode()
     except TypeError: return json.dumps(o, ensure_ascii=False)
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #1e86371f
+# %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
 class ClaudeCodeIngester:
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
     def __init__(self, *,
@@ -553,7 +569,7 @@ def _first_session_id(fp, max_lines=50):
             if isinstance(rec, dict) and isinstance(rec.get("sessionId"), str): return rec["sessionId"]
     return None
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #9e5c9550
+# %% ../../nbs/10_ingestion.claude_code.ipynb #3a142b2e
 def ingest_command(src:str, # a session .jsonl file or a folder of them
                    out:str, # where to write the TraceStates, one JSON object per line
                    *, skip_sidechain:bool=True, # skip subagent transcripts

@@ -17,12 +17,13 @@ ROOT = Path(__file__).resolve().parents[1]
 FIX = ROOT.parent / "shared" / "fixtures" / "claude_code"
 _UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _IDS = re.compile(rb"\b(msg_[A-Za-z0-9]+|toolu_[A-Za-z0-9]+|req_[A-Za-z0-9]+)")
+_TS = re.compile(rb'("timestamp": ?"[^"]*?)(Z?")')
 
 def _fresh(lines, tag):
-    "Rewrite every uuid / message id / tool id in `lines` so that copies are distinct sessions or turns."
+    "Rewrite every uuid / message id / tool id / timestamp in `lines` so that copies are distinct sessions or turns (not resume copies)."
     t = tag.encode()
     def u(m): return str(uuid.uuid5(uuid.NAMESPACE_OID, (m.group(0) + t).decode())).encode()
-    return [_IDS.sub(lambda m: m.group(0) + t, _UUID.sub(u, l)) for l in lines]
+    return [_TS.sub(lambda m: m.group(1) + b"." + t + m.group(2), _IDS.sub(lambda m: m.group(0) + t, _UUID.sub(u, l))) for l in lines]
 
 def build(dst: Path, target_mb: float, copies: int) -> int:
     "Write sessions until the folder holds about target_mb; return its size in bytes."

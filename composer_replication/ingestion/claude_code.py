@@ -4,7 +4,7 @@
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #9649b0ca
 from __future__ import annotations
-import bisect, json, re, string, sys
+import bisect, itertools, json, re, string, sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, TypedDict
@@ -12,7 +12,8 @@ import orjson
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPT', 'TraceState', 'render_action', 'parse_student_action', 'normalize_blocks', 'action_to_message',
-           'redact_secrets', 'IngestionStats', 'estimate_tokens', 'ClaudeCodeIngester', 'ingest_command']
+           'redact_secrets', 'IngestionStats', 'estimate_tokens', 'detect_trace_format', 'ClaudeCodeIngester',
+           'ingest_command']
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #39261c15
 class TraceState(TypedDict):
@@ -125,9 +126,11 @@ def action_to_message(action:str, # a rendered action (`student_action` format)
 try: import re2 as _re2
 except ImportError: _re2 = None
 
-_SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|gh[pousr]_|github_pat_|hf_[A-Za-z0-9]{30}|xox[abposre]-|AIza"
+_SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|gh[pousr]_|github_pat_|glpat-|hf_[A-Za-z0-9]{30}|xox[abposre]-|xapp-|AIza"
+               r"|hooks\.slack\.com/|eyJ[A-Za-z0-9_\-]{8,}\.eyJ|SG\.[A-Za-z0-9_\-]{16}|(?:AC|SK)[0-9a-f]{32}|npm_[A-Za-z0-9]{36}|pypi-AgE"
+               r"|(?:AccountKey|SharedAccessKey)=|(?i:aws_secret_access_key|aws_session_token)"
                r"|(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}|[Bb]earer[ \t]+[A-Za-z0-9\-._~+/]{16}|Authorization:[ \t]*Basic"
-               r"|://[^\s:/@'\"\[\]]+:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd)['\"]?[ \t]*[=:][ \t]*['\"]?[^\s'\"]{4}")
+               r"|://[^\s:/@'\"\[\]]*:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)['\"]?[ \t]*[=:][ \t]*['\"]?[^\s'\"]{4}")
 
 def _make_screen():
     "`hit(text) -> bool`: False only when no rule below can match `text`; None without google-re2."
@@ -155,19 +158,34 @@ _RULES = [(k, t, re.compile(p), g) for k, t, p, g in [  # (kind or fn(match text
     (_provider_kind, ("sk-",), r"(?<![A-Za-z0-9_\-])sk-(?:ant-|or-|proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", None),
     ("stripe_key", ("_live_", "_test_", "whsec_"), r"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}|whsec_[0-9A-Za-z]{24,})", None),
     ("github_token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})", None),
+    ("gitlab_token", ("glpat-",), r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_\-]{20,}", None),
     ("huggingface_token", ("hf_",), r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}", None),
-    ("slack_token", ("xox",), r"(?<![A-Za-z0-9])xox[abposre]-[A-Za-z0-9\-]{10,}", None),
+    ("slack_token", ("xox", "xapp-"), r"(?<![A-Za-z0-9])(?:xox[abposre]|xapp)-[A-Za-z0-9\-]{10,}", None),
     ("google_api_key", ("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}", None),
     ("aws_access_key", ("akia", "asia", "abia", "acca"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])", None),
     ("bearer_token", ("bearer",), r"(?<![A-Za-z0-9])[Bb]earer[ \t]+(?P<v>[A-Za-z0-9\-._~+/]{16,}=*)", "v"),
     ("basic_auth", ("basic",), r"Authorization:[ \t]*Basic[ \t]+(?P<v>[A-Za-z0-9+/]{8,}=*)", "v"),
-    ("url_password", ("://",), r"://[^\s:/@'\"\[\]]{1,256}:(?P<v>[^\s/@'\"\[\]]{1,256})@", "v"),
+    ("url_password", ("://",), r"://[^\s:/@'\"\[\]]{0,256}:(?P<v>[^\s/@'\"\[\]]{1,256})@", "v"),
+    ("jwt", ("eyj",), r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", None),
+    ("slack_webhook", ("hooks.slack.com/",), r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<v>[A-Za-z0-9_\-]+/[A-Za-z0-9_/\-]{8,})", "v"),
+    ("sendgrid_key", ("sg.",), r"(?<![A-Za-z0-9_\-])SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}", None),
+    ("twilio_key", ("ac", "sk"), r"(?<![A-Za-z0-9])(?:AC|SK)[0-9a-f]{32}(?![A-Za-z0-9])", None),
+    ("npm_token", ("npm_",), r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{36,}", None),
+    ("pypi_token", ("pypi-age",), r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_\-]{50,}", None),
+    ("azure_key", ("accountkey=", "sharedaccesskey="), r"(?:AccountKey|SharedAccessKey)=(?P<v>[A-Za-z0-9+/]{20,}={0,2})", "v"),
+    ("aws_secret_key", ("aws_secret_access_key", "aws_session_token"), r"(?i:aws_secret_access_key|aws_session_token)['\"]?[ \t]*[=:][ \t]*['\"]?(?P<v>[A-Za-z0-9/+]{16,}={0,2})", "v"),
 ]]
-_ASSIGN_T = ("key", "token", "secret", "passw", "pwd")
+_ASSIGN_T = ("key", "token", "secret", "pass", "pwd")
 _ASSIGN_SRC = r"(?P<q0>['\"]?)[ \t]*(?P<op>[=:])[ \t]*(?P<q>['\"]?)(?P<v>[^\s'\"]{4,})(?P=q)"
-_ASSIGN = re.compile(r"(?i:key|token|secret|passw(?:or)?d|pwd)" + _ASSIGN_SRC)
-_ASSIGN_LOW = re.compile(r"(?:key|token|secret|passw(?:or)?d|pwd)" + _ASSIGN_SRC)  # on text.lower() when it keeps offsets
+_ASSIGN = re.compile(r"(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)
+_ASSIGN_LOW = re.compile(r"(?:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)  # on text.lower() when it keeps offsets
 _STEM_OK = ("api", "auth", "access", "secret", "private", "client", "bot", "refresh", "session", "master", "app")
+
+_KEY_STRONG = _STEM_OK + ("encryption", "signing", "license", "account", "service", "subscription", "write", "deploy", "admin")
+
+def _random_looking(v):
+    "A value with letters and digits, or long and mixed-case: what generated keys look like (words and slugs do not)."
+    return (any(c.isdigit() for c in v) and any(c.isalpha() for c in v)) or (len(v) >= 20 and not v.islower() and not v.isupper())
 
 def _assign_is_secret(s, m):
     "Whether an `_ASSIGN` match in `s` assigns a secret (rules in the table above)."
@@ -177,6 +195,7 @@ def _assign_is_secret(s, m):
     if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK)): return False
     a2, b2 = m.span("v"); v, q = s[a2:b2], m.group("q")
     if v[0] in "$<{%([`" or v.startswith("[REDACTED") or v.startswith("os.") or v.isdigit() or v.lower() in _NOT_SECRET: return False
+    if suf[-3:].lower() == "key" and not stem.lower().rstrip("_-.").endswith(_KEY_STRONG) and not _random_looking(v): return False
     upper = (stem + suf).upper() == stem + suf
     if q: return upper or len(v) >= 8
     return m.group("op") == "=" and (upper or stem.startswith("--"))
@@ -248,11 +267,14 @@ class IngestionStats:
     n_history_truncated: int = 0      # states whose history was cut to max_history_tokens
     n_bad_json_lines: int = 0         # unparsable lines other than a truncated last line
     skipped_synthetic: int = 0        # assistant lines from `<synthetic>` or isApiErrorMessage
-    skipped_duplicate: int = 0        # assistant lines of a message id already emitted
+    skipped_duplicate: int = 0        # assistant lines of a message id already emitted; user lines copied on resume (same timestamp and content)
     skipped_subagent_files: int = 0   # subagent files not read (skip_sidechain=True)
     n_summaries_trusted: int = 0      # summary lines whose leafUuid is in the same file
     skipped_record_types: dict[str, int] = field(default_factory=dict)  # e.g. {"progress/hook_progress": 25}
     redactions: dict[str, int] = field(default_factory=dict)  # {kind: count} of secrets replaced
+    skipped_no_user_turn: int = 0     # assistant turns not emitted: no user message before them (a subagent without its prompt, an excerpt)
+    n_task_prompts_linked: int = 0    # subagent transcripts whose first user turn is the parent's Task prompt (2.0.x files lack it)
+    skipped_codex_files: int = 0      # files not read: Codex CLI rollouts (`detect_trace_format(path) == "codex"`)
 
     def __post_init__(self):
         if self.version_warnings is None: self.version_warnings = []
@@ -293,6 +315,17 @@ def _block_text(b):
     if isinstance(b, str): return b
     return f"[{t or 'block'}]"
 
+def _user_key(ts, c):
+    "Identity of a user record for resume copies: its timestamp and content (tool results by their call ids)."
+    if isinstance(c, str): return (ts, c)
+    if not isinstance(c, list): return None
+    return (ts, *(b.get("tool_use_id") if isinstance(b, dict) and isinstance(b.get("tool_use_id"), str) else _block_text(b) for b in c))
+
+def _chunk_key(ts, c):
+    "Identity of an assistant chunk: its timestamp and its blocks' ids or texts."
+    if not isinstance(c, list): return (ts, c if isinstance(c, str) else None)
+    return (ts, *(next((v for v in (b.get("id"), b.get("text"), b.get("thinking")) if isinstance(v, str)), None) if isinstance(b, dict) else None for b in c))
+
 def _content_text(c):
     if isinstance(c, str): return c
     if isinstance(c, list): return "\n".join(_block_text(b) for b in c)
@@ -302,14 +335,15 @@ class _Trace:
     "History and open turn of one conversation (a session, or one subagent transcript)."
     def __init__(self, ing, st, stem):
         self.ing, self.st, self.stem, self.idx = ing, st, stem, 0
-        self.closed = set()
+        self.closed, self.seen_users = set(), set()  # message ids emitted; (timestamp, content) of user records committed
+        self.agent = None  # [sessionId, agentId] of a subagent transcript: where to look up its Task prompt
         self._reset()
 
     def _reset(self):
         sys_msg = {"role": "system", "content": self.ing.system_prompt}
         self.history, self.cum, self.first_user = [], [0], None
         self._commit(sys_msg)
-        self.turn = None  # [message id, blocks]
+        self.turn = None  # [message id, blocks, (timestamp, content) keys of its chunks]
         self.pending_results, self.pending_msgs = {}, []
 
     def _commit(self, m):
@@ -318,8 +352,12 @@ class _Trace:
         if self.first_user is None and m["role"] == "user": self.first_user = len(self.history) - 1
 
     def user(self, rec):
-        "A user line: tool results wait for their call; other content becomes a user message."
+        "A user line: tool results wait for their call; other content becomes a user message. 'dup' for a resume copy."
         c = (rec.get("message") or {}).get("content")
+        ts = rec.get("timestamp")
+        if isinstance(ts, str) and (key := _user_key(ts, c)) is not None:
+            if key in self.seen_users: return "dup"
+            self.seen_users.add(key)
         red = self.ing.redact_secrets
         if isinstance(c, list):
             texts = []
@@ -347,17 +385,22 @@ class _Trace:
         blocks = [b for b in (c if isinstance(c, list) else ()) if isinstance(b, dict) and b.get("type") in ("text", "thinking", "tool_use")
                   and not (b["type"] == "text" and isinstance(b.get("text"), str) and not b["text"].strip())]
         if self.ing.redact_secrets: blocks = [self.ing._redact_block(b) for b in blocks]
+        ts = rec.get("timestamp")
+        key = _chunk_key(ts, c) if isinstance(ts, str) else None
         if self.turn is not None and mid is not None and self.turn[0] == mid:
+            if key is not None:
+                if key in self.turn[2]: return "dup"  # the open turn's own chunk written again (a resume copy)
+                self.turn[2].add(key)
             self.turn[1].extend(blocks); return None
         if mid is not None and mid in self.closed: return "dup"
         out = self.close()
-        self.turn = [mid, blocks]
+        self.turn = [mid, blocks, set() if key is None else {key}]
         return out
 
     def close(self):
         "Close the open turn: return its TraceState (or None) and commit it to the history."
         if self.turn is None: return None
-        mid, blocks = self.turn
+        mid, blocks, _ = self.turn
         self.turn = None; self.closed.add(mid)
         results, msgs = self.pending_results, self.pending_msgs
         self.pending_results, self.pending_msgs = {}, []
@@ -365,6 +408,17 @@ class _Trace:
         blocks = [b for b in blocks if _valid_block(b)]
         for k, b in enumerate(blocks):  # a call needs an id to be answered; corrupt records may lack one
             if b["type"] == "tool_use" and not isinstance(b.get("id"), str): blocks[k] = {**b, "id": f"toolu_missing_{self.idx}_{k}"}
+        if blocks and self.first_user is None and self.agent is not None:  # a subagent transcript without its prompt (2.0.x)
+            prompt = self.ing._task_prompt(*self.agent)
+            if prompt is not None:
+                self._commit({"role": "user", "content": self.ing._redact(prompt) if self.ing.redact_secrets else prompt})
+                self.st.n_task_prompts_linked += 1
+        if blocks and self.first_user is None:  # no user turn to answer: not a state (the turn stays in the history)
+            self.st.skipped_no_user_turn += 1
+            self._commit(self._assistant_message(blocks))
+            for b in blocks:
+                if b["type"] == "tool_use": self._commit(results.pop(b["id"], None) or {"role": "tool", "tool_call_id": b["id"], "content": _NO_RESULT, "is_error": True})
+            blocks = []
         if blocks:
             st = self.st
             state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks))
@@ -426,6 +480,44 @@ def _dumps(o):
     try: return orjson.dumps(o).decode()
     except TypeError: return json.dumps(o, ensure_ascii=False)
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #c66e690f
+_BOM = b"\xef\xbb\xbf"
+_CC_TYPES = frozenset({"user", "assistant", "system", "summary", "progress", "file-history-snapshot", "queue-operation"})
+_CODEX_TAGS = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
+
+def _record_format(rec):
+    "'codex' or 'claude-code' when one parsed line shows which tool wrote it, else None."
+    if not isinstance(rec, dict): return None
+    t = rec.get("type")
+    if not isinstance(t, str): t = None
+    if t in _CODEX_TAGS and isinstance(rec.get("payload"), dict): return "codex"  # envelope (0.40+)
+    if t is None and "instructions" in rec and "id" in rec and "timestamp" in rec: return "codex"  # bare SessionMeta header
+    if t is None and rec.get("record_type") == "state": return "codex"
+    if t in _CC_TYPES and any(k in rec for k in ("uuid", "sessionId", "message", "leafUuid", "messageId", "snapshot")): return "claude-code"
+    return None
+
+def detect_trace_format(path:Path, # a trace file, or a folder (its first *.jsonl files in path order are looked at)
+                        max_lines:int=5, # non-blank lines read per file
+                       ) -> str: # "claude-code", "codex" or "unknown"
+    "Which agent wrote the JSONL trace at `path`, from its first few lines only."
+    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
+    if not isinstance(max_lines, int) or isinstance(max_lines, bool) or max_lines <= 0: raise ValueError(f"max_lines must be a positive int, got {max_lines!r}")
+    p = Path(path)
+    if not p.exists(): raise FileNotFoundError(f"path does not exist: {str(path)!r}")
+    files = [p] if p.is_file() else sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f))[:20]
+    for fp in files:
+        with open(fp, "rb") as f:
+            n = 0
+            for raw in f:
+                if raw.isspace(): continue
+                if n == 0 and raw.startswith(_BOM): raw = raw[len(_BOM):]
+                n += 1
+                try: fmt = _record_format(orjson.loads(raw))
+                except orjson.JSONDecodeError: fmt = None
+                if fmt is not None: return fmt
+                if n >= max_lines: break
+    return "unknown"
+
 # %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
 class ClaudeCodeIngester:
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
@@ -455,6 +547,7 @@ class ClaudeCodeIngester:
         if p.is_file() and p.suffix.lower() != ".jsonl": raise ValueError(f"path must be a .jsonl session file or a folder, got {p.name!r}")
         if p.is_dir() and next(p.rglob("*.jsonl"), None) is None: raise ValueError(f"no .jsonl files under folder {str(path)!r}")
         self.last_stats, self.last_summaries = IngestionStats(), {}
+        self._prompts, self._scanned = {}, set()  # {(sessionId, agentId) and (None, agentId): Task prompt}; parents read for prompts
         return self._stream(p, self.last_stats)
 
     def _stream(self, p, st):
@@ -464,8 +557,18 @@ class ClaudeCodeIngester:
             if not p.name.startswith("agent-"):
                 for f in _subagent_files(p, sessions): yield from self._file(f, st, set())  # counted only when skipped
             return
-        for f in sorted(p.rglob("*.jsonl")):
+        for f in sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f)):  # sessions before subagents
             if f.is_file(): yield from self._file(f, st, set())
+
+    def _task_prompt(self, sid, aid, fp=None):
+        "The prompt a parent session's Task call gave subagent `aid`; the parent file is read for it when not yet seen."
+        p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
+        if p is None and fp is not None:
+            par = fp.parent.parent.with_suffix(".jsonl") if fp.parent.name == "subagents" else fp.parent / f"{sid}.jsonl" if sid else None
+            if par is not None and par not in self._scanned and par.is_file():
+                self._scanned.add(par); _scan_task_prompts(par, self._prompts)
+                p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
+        return p
 
     def _redact(self, s): return redact_secrets(s, self.last_stats.redactions)
     def _redact_block(self, b):
@@ -479,65 +582,86 @@ class ClaudeCodeIngester:
         "Stream the states of one JSONL file."
         agent_file = fp.name.startswith("agent-")
         if agent_file and self.skip_sidechain: st.skipped_subagent_files += 1; return
+        with open(fp, "rb") as f:
+            first = f.readline()
+            while first and first.isspace(): first = f.readline()
+            if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
+            try: fmt = _record_format(orjson.loads(first))
+            except orjson.JSONDecodeError: fmt = None
+            if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
+            yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f)
+        self._scanned.add(fp)
+
+    def _records(self, fp, st, sessions, lines):
+        "Stream the states of one JSONL file from its lines."
+        agent_file = fp.name.startswith("agent-")
         st.n_files += 1
         main = _Trace(self, st, fp.stem)
+        if agent_file: main.agent = [None, fp.stem[len("agent-"):], fp]
         side, roots, uuids, summaries, seen_versions = {}, {}, set(), [], set()
+        calls, prompts = {}, self._prompts
         last_side = None
         def skip(kind=None, reason=None):
             st.n_records_skipped += 1
             if reason: setattr(st, reason, getattr(st, reason) + 1)
             else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
-        with open(fp, "rb") as f:
-            for raw in f:
-                if raw.isspace(): continue  # blank line (isspace stops at the first other byte: no copy)
-                st.n_records_total += 1
-                try: rec = orjson.loads(raw)
-                except orjson.JSONDecodeError:
-                    skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
-                if not isinstance(rec, dict): skip("<not an object>"); continue
-                typ, uid = rec.get("type"), rec.get("uuid")
-                if isinstance(uid, str): uuids.add(uid)
-                v = rec.get("version")
-                if v is not None and (not isinstance(v, str) or v not in seen_versions):
-                    if isinstance(v, str): seen_versions.add(v)
-                    self._check_version(v, fp, st)
-                sid = rec.get("sessionId")
-                if isinstance(sid, str): sessions.add(sid)
-                tr = main
-                if rec.get("isSidechain") is True and not agent_file:
-                    if self.skip_sidechain: skip(reason="skipped_subagent"); continue
-                    key = rec.get("agentId"); parent = rec.get("parentUuid")
-                    if not isinstance(parent, str): parent = None
-                    if not isinstance(key, str):
-                        key = roots.get(parent) if parent is not None else None
-                        if key is None: key = last_side if (parent is not None and last_side is not None) else (uid if isinstance(uid, str) else f"#{st.n_records_total}")
-                    if isinstance(uid, str): roots[uid] = key
-                    last_side = key
-                    if key not in side: side[key] = _Trace(self, st, f"{fp.stem}.sidechain{len(side) + 1}")
-                    tr = side[key]
-                if typ == "user":
-                    if not isinstance(rec.get("message"), dict): skip("user/no-message"); continue
-                    st.n_records_used += 1; tr.user(rec)
-                elif typ == "assistant":
-                    msg = rec.get("message")
-                    if not isinstance(msg, dict): skip("assistant/no-message"); continue
-                    if msg.get("model") == "<synthetic>" or rec.get("isApiErrorMessage"): skip(reason="skipped_synthetic"); continue
-                    out = tr.assistant(rec, msg)
-                    if out == "dup": skip(reason="skipped_duplicate"); continue
-                    st.n_records_used += 1
-                    if out is not None: st.n_states_emitted += 1; yield out
-                elif typ == "system" and rec.get("subtype") == "compact_boundary":
-                    st.n_records_used += 1
-                    out = tr.compact()
-                    if out is not None: st.n_states_emitted += 1; yield out
-                elif typ == "summary":
-                    skip(reason="skipped_summary")
-                    if isinstance(rec.get("leafUuid"), str): summaries.append((rec["leafUuid"], rec.get("summary")))
-                elif typ == "system": skip(f"system/{rec.get('subtype')}")
-                elif typ == "progress":
-                    d = rec.get("data")
-                    skip(f"progress/{d.get('type') if isinstance(d, dict) else None}")
-                else: skip(str(typ) if typ is not None else "<no type>")
+        for raw in lines:
+            if raw.isspace(): continue  # blank line (isspace stops at the first other byte: no copy)
+            st.n_records_total += 1
+            try: rec = orjson.loads(raw)
+            except orjson.JSONDecodeError:
+                skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
+            if not isinstance(rec, dict): skip("<not an object>"); continue
+            typ, uid = rec.get("type"), rec.get("uuid")
+            if isinstance(uid, str): uuids.add(uid)
+            v = rec.get("version")
+            if v is not None and (not isinstance(v, str) or v not in seen_versions):
+                if isinstance(v, str): seen_versions.add(v)
+                self._check_version(v, fp, st)
+            sid = rec.get("sessionId")
+            if isinstance(sid, str):
+                sessions.add(sid)
+                if agent_file and main.agent[0] is None: main.agent[0] = sid
+            if typ == "assistant" or (calls and typ == "user"): _note_task(rec, typ, calls, prompts)
+            tr = main
+            if rec.get("isSidechain") is True and not agent_file:
+                if self.skip_sidechain: skip(reason="skipped_subagent"); continue
+                key = rec.get("agentId"); parent = rec.get("parentUuid")
+                if not isinstance(parent, str): parent = None
+                if not isinstance(key, str):
+                    key = roots.get(parent) if parent is not None else None
+                    if key is None: key = last_side if (parent is not None and last_side is not None) else (uid if isinstance(uid, str) else f"#{st.n_records_total}")
+                if isinstance(uid, str): roots[uid] = key
+                last_side = key
+                if key not in side:
+                    side[key] = _Trace(self, st, f"{fp.stem}.sidechain{len(side) + 1}")
+                    aid = rec.get("agentId")
+                    if isinstance(aid, str): side[key].agent = [sid if isinstance(sid, str) else None, aid, None]
+                tr = side[key]
+            if typ == "user":
+                if not isinstance(rec.get("message"), dict): skip("user/no-message"); continue
+                if tr.user(rec) == "dup": skip(reason="skipped_duplicate"); continue
+                st.n_records_used += 1
+            elif typ == "assistant":
+                msg = rec.get("message")
+                if not isinstance(msg, dict): skip("assistant/no-message"); continue
+                if msg.get("model") == "<synthetic>" or rec.get("isApiErrorMessage"): skip(reason="skipped_synthetic"); continue
+                out = tr.assistant(rec, msg)
+                if out == "dup": skip(reason="skipped_duplicate"); continue
+                st.n_records_used += 1
+                if out is not None: st.n_states_emitted += 1; yield out
+            elif typ == "system" and rec.get("subtype") == "compact_boundary":
+                st.n_records_used += 1
+                out = tr.compact()
+                if out is not None: st.n_states_emitted += 1; yield out
+            elif typ == "summary":
+                skip(reason="skipped_summary")
+                if isinstance(rec.get("leafUuid"), str): summaries.append((rec["leafUuid"], rec.get("summary")))
+            elif typ == "system": skip(f"system/{rec.get('subtype')}")
+            elif typ == "progress":
+                d = rec.get("data")
+                skip(f"progress/{d.get('type') if isinstance(d, dict) else None}")
+            else: skip(str(typ) if typ is not None else "<no type>")
         for tr in (main, *side.values()):
             out = tr.close()
             if out is not None: st.n_states_emitted += 1; yield out
@@ -559,6 +683,38 @@ def _subagent_files(session, session_ids):
     for f in sorted(session.parent.glob("agent-*.jsonl")):
         if f != session and _first_session_id(f) in session_ids: out.append(f)
     return out
+
+_TASK_TOOLS = ("Task", "Agent")  # a tuple: `in` compares by ==, so unhashable values are fine
+
+def _note_task(rec, typ, calls, prompts):
+    "Remember each Task call's prompt; when its result names the subagent (`agentId`), link them in `prompts`."
+    m = rec.get("message"); c = m.get("content") if isinstance(m, dict) else None
+    if not isinstance(c, list): return
+    if typ == "assistant":
+        for b in c:
+            if isinstance(b, dict) and b.get("type") == "tool_use" and b.get("name") in _TASK_TOOLS and isinstance(b.get("id"), str):
+                inp = b.get("input")
+                if isinstance(inp, dict) and isinstance(inp.get("prompt"), str): calls[b["id"]] = inp["prompt"]
+        return
+    tur = rec.get("toolUseResult")  # 2.1.x: toolUseResult.agentId; 2.0.x: agentId on the result's own (main-session) record
+    aid = tur.get("agentId") if isinstance(tur, dict) else None
+    if not isinstance(aid, str): aid = rec.get("agentId") if rec.get("isSidechain") is not True else None
+    if not isinstance(aid, str): return
+    for b in c:
+        tid = b.get("tool_use_id") if isinstance(b, dict) and b.get("type") == "tool_result" else None
+        if isinstance(tid, str) and tid in calls:
+            sid = rec.get("sessionId")
+            prompts[(sid if isinstance(sid, str) else None, aid)] = prompts[(None, aid)] = calls.pop(tid)
+
+def _scan_task_prompts(fp, prompts):
+    "Link the Task prompts of one session file (for a subagent file ingested on its own)."
+    calls = {}
+    with open(fp, "rb") as f:
+        for raw in f:
+            if b'"tool_use"' not in raw and b'agentId' not in raw: continue
+            try: rec = orjson.loads(raw)
+            except orjson.JSONDecodeError: continue
+            if isinstance(rec, dict) and rec.get("type") in ("assistant", "user"): _note_task(rec, rec["type"], calls, prompts)
 
 def _first_session_id(fp, max_lines=50):
     with open(fp, "rb") as f:
@@ -591,6 +747,18 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
     except OSError as e: return fail(f"while reading {str(src)!r}: {e.strerror or e}")
     st = ing.last_stats
     unreadable = st.n_bad_json_lines + st.skipped_truncated_lines + st.skipped_record_types.get("<not an object>", 0)
+    if st.n_states_emitted == 0 and st.n_files == 0 and (st.skipped_codex_files or st.skipped_subagent_files):
+        outp.unlink(missing_ok=True)
+        if st.skipped_codex_files and not st.skipped_subagent_files:
+            return fail(f"{str(src)!r} is a Codex CLI rollout, not Claude Code session JSONL ({st.skipped_codex_files} file(s)): "
+                        "read it with composer_replication.ingestion.codex.CodexIngester")
+        return fail(f"{str(src)!r} holds only subagent transcripts ({st.skipped_subagent_files} agent-*.jsonl file(s)"
+                    + (f", {st.skipped_codex_files} Codex CLI rollout(s)" if st.skipped_codex_files else "")
+                    + "), which are skipped by default: ingest them with skip_sidechain=False (--subagents)")
+    if st.n_states_emitted == 0 and st.n_records_total and st.skipped_subagent == st.n_records_total:
+        outp.unlink(missing_ok=True)
+        return fail(f"{str(src)!r} holds only subagent (isSidechain) records, which are skipped by default: "
+                    "ingest them with skip_sidechain=False (--subagents)")
     if st.n_records_total == 0 or unreadable == st.n_records_total:
         outp.unlink(missing_ok=True)
         return fail(f"{str(src)!r} is not Claude Code session JSONL: no line is a JSON object")
@@ -598,6 +766,9 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
     print(f"records: {st.n_records_total} read, {st.n_records_used} used, {st.n_records_skipped} skipped "
           f"(subagent {st.skipped_subagent}, summary {st.skipped_summary}, truncated {st.skipped_truncated_lines}, "
           f"bad JSON {st.n_bad_json_lines}, synthetic {st.skipped_synthetic}, by type {st.skipped_record_types})")
+    if st.skipped_no_user_turn or st.n_task_prompts_linked:
+        print(f"turns without a user message before them, not emitted: {st.skipped_no_user_turn}; subagent prompts taken from the parent: {st.n_task_prompts_linked}")
+    if st.skipped_codex_files: print(f"Codex CLI rollouts not read: {st.skipped_codex_files} (use composer_replication.ingestion.codex.CodexIngester)")
     if st.skipped_subagent_files: print(f"subagent files not read: {st.skipped_subagent_files} (use skip_sidechain=False to ingest them)")
     print(f"redactions: {sum(st.redactions.values())} {st.redactions}" if redact else "redactions: off")
     for w in st.version_warnings: print(f"warning: {w}")

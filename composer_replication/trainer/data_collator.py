@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import numbers
+import re
+import struct
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence, TypedDict
 
-import orjson
 import torch
 
 from ..hint_generator import classify_error, dispatch
@@ -51,22 +54,34 @@ class TokenizerLike:
     def apply_chat_template(self, messages:list[dict], **kwargs:Any) -> str|list[int]: ...
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #47b8906d
+def _apply_template(tokenizer, msgs, add_generation_prompt):
+    "`apply_chat_template` as text; a template that raises (one that insists on alternating roles, say) is a `ValueError`."
+    try: return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+    except Exception as e: raise ValueError(f"the chat template cannot render this conversation ({type(e).__name__}: {e})") from e
+
+def _generation_header(tokenizer) -> str:
+    "What the template adds for `add_generation_prompt=True` (the assistant header): the prompt of an empty conversation."
+    probe = [{"role": "user", "content": ""}]
+    with_gen, without = _apply_template(tokenizer, probe, True), _apply_template(tokenizer, probe, False)
+    if not with_gen.startswith(without): raise ValueError("cannot find the chat template's generation prompt: it does not extend the conversation")
+    return with_gen[len(without):]
+
 def render_conversation(tokenizer:TokenizerLike, # has a chat template
                         messages:list[dict], # OpenAI-style messages
                         add_generation_prompt:bool=False, # end with the assistant header
                        ) -> str:
     "The chat-template rendering of `messages` as text."
     if not getattr(tokenizer, "chat_template", None): raise ValueError("the tokenizer has no chat template (tokenizer.chat_template is empty)")
-    if not messages: return tokenizer.apply_chat_template([], tokenize=False, add_generation_prompt=True) if add_generation_prompt else ""
+    if not messages: return _generation_header(tokenizer) if add_generation_prompt else ""
     msgs = [{**m, "content": m.get("content") or ""} for m in openai_messages(messages, instruction=None)]
-    return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+    return _apply_template(tokenizer, msgs, add_generation_prompt)
 
 def _last_turn(tokenizer, before, p, f):
-    "The final turn's text in `f` when `f` does not extend the prompt `p`: what follows the last generation header."
+    "The final turn's text in `f` when `f` does not extend the prompt `p`: what follows its own generation header (None if it has none)."
     base = render_conversation(tokenizer, before)
     gen = p[len(base):] if p.startswith(base) else ""
-    k = f.rfind(gen) if gen else -1
-    return f[k + len(gen):] if k >= 0 else None
+    if not gen or f.count(gen) != base.count(gen) + 1: return None  # the last turn does not render the header it was prompted with
+    return f[f.rfind(gen) + len(gen):]
 
 def assistant_spans(tokenizer:TokenizerLike, # has a chat template and an `eos_token`
                     messages:list[dict], # OpenAI-style messages
@@ -78,8 +93,9 @@ def assistant_spans(tokenizer:TokenizerLike, # has a chat template and an `eos_t
         if m.get("role") != "assistant": continue
         p = render_conversation(tokenizer, messages[:i], add_generation_prompt=True)
         f = render_conversation(tokenizer, messages[:i+1])
-        seg = f[len(p):] if f.startswith(p) else _last_turn(tokenizer, messages[:i], p, f)
-        if seg is not None and len(p) >= cursor and full.startswith(f): start = len(p)   # prefix-stable
+        extends = f.startswith(p)
+        seg = f[len(p):] if extends else _last_turn(tokenizer, messages[:i], p, f)
+        if extends and len(p) >= cursor and full.startswith(f): start = len(p)   # prefix-stable
         else:
             start = full.find(seg, cursor) if seg else -1
             if start < 0:
@@ -134,24 +150,88 @@ class CollatorConfig:
         if self.hint_generator is not None and not callable(self.hint_generator): raise TypeError("hint_generator must be callable")
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #afd2dbec
-def _json_args(a): return a if isinstance(a, str) else json.dumps(a, ensure_ascii=False)
+_ROLES = ("system", "user", "assistant", "tool")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_META_STR = ("error_kind", "error_message", "tool_name", "intent")  # HintContext fields the hint templates read as text
 
-def messages_from_turns(turns:list[TraceTurn]) -> list[dict]:
-    "OpenAI-style messages from trace turns (`tool_call` becomes a one-element `tool_calls`)."
+def _clean(s:str, stats:Counter|None=None) -> str:
+    "`s` with lone UTF-16 surrogates replaced by U+FFFD (a valid pair written as two code points becomes its character)."
+    if not _SURROGATE.search(s): return s
+    out = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if stats is not None: stats["lone_surrogates_replaced"] += out.count("\ufffd") - s.count("\ufffd")
+    return out
+
+def _text(v, where:str, field:str, stats=None) -> str:
+    "A text field: a string (cleaned) or None/missing (empty)."
+    if v is None: return ""
+    if not isinstance(v, str): raise TypeError(f"{where}: {field} must be a string, got {type(v).__name__}")
+    return _clean(v, stats)
+
+def _arguments(a, where:str, stats=None) -> str:
+    "Tool-call arguments as the JSON text the template shows: a dict is serialized, a string is kept verbatim (even invalid JSON)."
+    if a is None: return "{}"
+    if isinstance(a, str): return _clean(a, stats)   # what the model emitted; invalid JSON here is a `json_decode` error site
+    if not isinstance(a, dict): raise TypeError(f"{where}: arguments must be a dict or a JSON string, got {type(a).__name__}")
+    try: return _clean(json.dumps(a, ensure_ascii=False, allow_nan=False), stats)
+    except (TypeError, ValueError, RecursionError) as e: raise TypeError(f"{where}: arguments are not JSON-serializable ({e})") from None
+
+def _tool_call(c, where:str, default_id:str, stats=None) -> dict:
+    "One tool call, flat (`name`, `arguments`/`input`) or OpenAI-style (`function`), as an OpenAI tool call."
+    if not isinstance(c, dict): raise TypeError(f"{where}: must be a dict, got {type(c).__name__}")
+    fn = c["function"] if c.get("function") is not None else c   # None-valued keys count as missing (as in a datasets row)
+    if not isinstance(fn, dict): raise TypeError(f"{where}: function must be a dict, got {type(fn).__name__}")
+    name, cid = fn.get("name"), c.get("id")
+    if name is None or name == "": raise ValueError(f"{where}: has no name")
+    if not isinstance(name, str): raise TypeError(f"{where}: name must be a string, got {type(name).__name__}")
+    if cid is not None and not isinstance(cid, str): raise TypeError(f"{where}: id must be a string, got {type(cid).__name__}")
+    args = fn.get("arguments") if fn.get("arguments") is not None else fn.get("input")
+    return {"id": cid if cid is not None else default_id, "type": "function",
+            "function": {"name": _clean(name, stats), "arguments": _arguments(args, f"{where}", stats)}}
+
+def _error_meta(meta, where:str) -> dict|None:
+    "A tool turn's `error_meta`: a dict whose hint-context fields have the types the hint templates expect."
+    if meta is None: return None
+    if not isinstance(meta, dict): raise TypeError(f"{where}: error_meta must be a dict, got {type(meta).__name__}")
+    for k in _META_STR:
+        if meta.get(k) is not None and not isinstance(meta[k], str):
+            raise TypeError(f"{where}: error_meta['{k}'] must be a string, got {type(meta[k]).__name__}")
+    tools, schema = meta.get("available_tools"), meta.get("tool_schema")
+    if tools is not None and not (isinstance(tools, (list, tuple)) and all(isinstance(x, str) for x in tools)):
+        raise TypeError(f"{where}: error_meta['available_tools'] must be a list of strings")
+    if schema is not None and not (isinstance(schema, dict) and (schema.get("required") is None or (
+            isinstance(schema["required"], (list, tuple)) and all(isinstance(x, str) for x in schema["required"])))):
+        raise TypeError(f"{where}: error_meta['tool_schema'] must be a dict whose 'required' is a list of strings")
+    return meta or None
+
+def _messages(turns, where:str="", item:str="turn", stats:Counter|None=None) -> list[dict]:
+    "Validated, normalized OpenAI-style messages from trace turns; errors name `where` and the turn."
+    pre = f"{where}, " if where else ""
+    if not isinstance(turns, (list, tuple)): raise TypeError(f"{where or 'turns'}: must be a list of {item} dicts, got {type(turns).__name__}")
     out = []
     for j, t in enumerate(turns):
-        if not isinstance(t, dict) or t.get("role") not in ("system", "user", "assistant", "tool"):
-            raise ValueError(f"turns[{j}] must be a dict with role system/user/assistant/tool, got {t!r:.80}")
-        m = {"role": t["role"], "content": t.get("content") or ""}
-        calls = t.get("tool_calls") or ([t["tool_call"]] if t.get("tool_call") else None)
-        if calls: m["tool_calls"] = [c if "function" in c else {"id": c.get("id", f"call_{j}_{k}"), "type": "function",
-                                     "function": {"name": c["name"], "arguments": _json_args(c.get("arguments", c.get("input", {})))}}
-                                     for k, c in enumerate(calls)]
+        w = f"{pre}{item} {j}"
+        if not isinstance(t, dict) or t.get("role") not in _ROLES:
+            raise ValueError(f"{w}: must be a dict with role system/user/assistant/tool, got {t!r:.80}")
+        m = {"role": t["role"], "content": _text(t.get("content"), w, "content", stats)}
+        if m["role"] == "assistant":
+            calls, one = t.get("tool_calls"), t.get("tool_call")
+            if calls is not None and not isinstance(calls, (list, tuple)): raise TypeError(f"{w}: tool_calls must be a list, got {type(calls).__name__}")
+            if one is not None and not isinstance(one, dict): raise TypeError(f"{w}: tool_call must be a dict, got {type(one).__name__}")
+            calls = list(calls or ([one] if one else []))
+            if calls: m["tool_calls"] = [_tool_call(c, f"{w}, tool call {k}", f"call_{j}_{k}", stats) for k, c in enumerate(calls)]
+        for k in ("tool_call_id", "name", "tool_error"):
+            if t.get(k) is not None and not isinstance(t[k], str): raise TypeError(f"{w}: {k} must be a string, got {type(t[k]).__name__}")
         if t.get("tool_call_id") is not None: m["tool_call_id"] = t["tool_call_id"]
+        if t.get("name") is not None: m["name"] = _clean(t["name"], stats)
+        if t.get("is_error") is not None and not isinstance(t["is_error"], bool): raise TypeError(f"{w}: is_error must be a bool, got {type(t['is_error']).__name__}")
         if t.get("tool_error") is not None or t.get("is_error"): m["is_error"] = True
-        if t.get("error_meta"): m["error_meta"] = t["error_meta"]
+        if (meta := _error_meta(t.get("error_meta"), w)) is not None: m["error_meta"] = meta
         out.append(m)
     return out
+
+def messages_from_turns(turns:list[TraceTurn]) -> list[dict]:
+    "OpenAI-style messages from trace turns (`tool_call` becomes a one-element `tool_calls`), validated field by field."
+    return _messages(turns)
 
 def _cut_points(messages:list[dict]) -> tuple[int, list[int]]:
     "(number of leading system messages kept, candidate start indices of the kept tail: user turns, oldest first)."
@@ -178,6 +258,64 @@ def _fit(build:Callable[[int], Any], n_cands:int, fits:Callable[[Any], bool]):
         else: lo = mid + 1
     return best if best is not None else (build(n_cands - 1), n_cands - 1)
 
+# %% ../../nbs/20_trainer.data_collator.ipynb #d124269c
+def _where(b:int, ex) -> str:
+    "How errors name example `b`: its index, and its trace_id when it has one."
+    tid = ex.get("trace_id") if isinstance(ex, dict) else None
+    return f"example {b}" + (f" (trace {tid!r:.60})" if tid is not None else "")
+
+def _empty(m:dict) -> bool:
+    "An assistant message with neither text nor tool calls: it has no tokens to train and some templates cannot delimit it."
+    return m["role"] == "assistant" and not m["content"] and not m.get("tool_calls")
+
+def _trainable(msgs:list[dict], stats:Counter) -> list[int]:
+    "Indices of the messages kept: empty assistant messages and assistant messages before any system/user/tool one are dropped and counted."
+    first = next((j for j, m in enumerate(msgs) if m["role"] != "assistant"), len(msgs))
+    keep = [j for j, m in enumerate(msgs) if j >= first and not _empty(m)]
+    stats["unprompted_assistant_turns_dropped"] += first
+    stats["empty_assistant_turns_dropped"] += sum(_empty(m) for m in msgs[first:])
+    return keep
+
+def _reward(r, where:str, key:str) -> float|None:
+    "The scalar reward of an example: a finite real number (bool, int, float, one-element tensor) or None."
+    if r is None: return None
+    if isinstance(r, torch.Tensor) and r.numel() == 1 and not r.is_complex(): r = r.item()
+    if not isinstance(r, numbers.Real): raise TypeError(f"{where}: {key} must be a number or None, got {type(r).__name__}")
+    try: f = float(r)
+    except OverflowError: f = math.inf
+    if not math.isfinite(f): raise ValueError(f"{where}: {key} must be finite, got {r!r:.40}")
+    try: struct.pack("<f", f)   # raises where float32 rounding would overflow to inf
+    except OverflowError: raise ValueError(f"{where}: {key} must be finite in float32 (the rewards tensor), got {r!r:.40}") from None
+    return f
+
+class _Uncacheable(Exception): pass
+
+def _key_parts(x, out:list, depth:int=0):
+    "Append a type-tagged, length-prefixed encoding of `x` to `out` (dict keys sorted): equal parts iff equal content and types."
+    t = type(x)
+    if t is str: b = x.encode("utf-8", "surrogatepass"); out += (b"s%d:" % len(b), b)
+    elif x is None: out.append(b"N")
+    elif t is bool: out.append(b"T" if x else b"F")
+    elif t is int: out.append(b"i%d;" % x)
+    elif t is float: out.append(b"f" + struct.pack("<d", x))   # the exact bits: nan != None, -0.0 != 0.0, 1.0 != 1
+    elif depth > 100: raise _Uncacheable
+    elif t is list or t is tuple:
+        out.append(b"%s%d:" % (b"l" if t is list else b"t", len(x)))
+        for v in x: _key_parts(v, out, depth + 1)
+    elif t is dict:
+        out.append(b"d%d:" % len(x))
+        try: ks = sorted(x)   # string keys, the usual case
+        except TypeError: ks = sorted(x, key=lambda k: (type(k).__name__, repr(k)))
+        for k in ks: _key_parts(k, out, depth + 1); _key_parts(x[k], out, depth + 1)
+    else: raise _Uncacheable   # other types (numpy scalars, objects) have no exact encoding here
+
+def _content_key(ex) -> bytes|None:
+    "A digest of `ex` that differs whenever the content or a value's type differs; None if `ex` holds other types."
+    out = []
+    try: _key_parts(ex, out)
+    except _Uncacheable: return None
+    return hashlib.blake2b(b"".join(out), digest_size=20).digest()
+
 # %% ../../nbs/20_trainer.data_collator.ipynb #2fced30a
 @dataclass
 class ComposerDataCollator:
@@ -192,7 +330,7 @@ class ComposerDataCollator:
         self._cache: dict = {}
 
     # -- channel 1 and 2 ------------------------------------------------------------------------------------
-    def _sites(self, msgs:list[dict]) -> dict[int, list[str]]:
+    def _sites(self, msgs:list[dict], turn_of:list[int]) -> dict[int, list[str]]:
         "Target assistant message index -> hints, from the error sites of a conversation."
         cfg, out = self.config, {}
         calls = {tc.get("id"): (j, tc.get("function", tc)) for j, m in enumerate(msgs) if m["role"] == "assistant"
@@ -208,7 +346,10 @@ class ComposerDataCollator:
             kind = meta.get("error_kind") or classify_error(m["content"], tool_name=meta["tool_name"],
                                                              history=msgs[:j], tool_input=meta["tool_input"])
             hint = cfg.hint_generator(kind, meta) if kind is not None else None
+            if hint is not None and not isinstance(hint, str):
+                raise TypeError(f"turn {turn_of[j]}: hint_generator returned {type(hint).__name__} for error kind {kind!r} (a string or None is expected)")
             if hint is None: self.stats["sdpo_sites_without_hint"] += 1; continue
+            hint = _clean(hint, self.stats)
             for name, k in (("failed", failed), ("reaction", reaction)):
                 if name in cfg.sdpo_targets and k is not None and hint not in out.setdefault(k, []): out[k].append(hint)
         return {k: v for k, v in out.items() if v}
@@ -237,10 +378,10 @@ class ComposerDataCollator:
         return s_ids, s_own, t_ids, t_own, whole
 
     # -- channel 3 --------------------------------------------------------------------------------------------
-    def _dpo_side(self, prompt:list[dict], action:str):
-        "(ids, response mask) of prompt + action as the assistant's turn, oldest context dropped to fit; None if the response alone is too long."
+    def _dpo_side(self, prompt:list[dict], action:dict):
+        "(ids, response mask) of prompt + action message as the assistant's turn, oldest context dropped to fit; None if the response alone is too long."
         L = self.config.max_dpo_seq_len
-        msgs = list(prompt) + [action_to_message(action, self.config.keep_thinking)]
+        msgs = list(prompt) + [action]
         head, cands = _cut_points(msgs[:-1])
         cands.append(len(msgs) - 1)  # last resort: the system prompt and the response alone
         def build(c):
@@ -252,28 +393,50 @@ class ComposerDataCollator:
         if len(ids) > L: ids, resp = ids[-L:], resp[-L:]
         return ids, resp
 
-    def _pairs(self, ex:dict) -> list[tuple]:
-        "(chosen, rejected) sides of an example's DPO pairs that fit; a pair whose response alone is too long is dropped and counted."
+    def _pair_messages(self, p, w:str) -> tuple[list[dict], list[dict]]|None:
+        "Validated (prompt messages, [chosen message, rejected message]) of one DPO pair; None if an action is empty."
+        if not isinstance(p, dict): raise TypeError(f"{w}: must be a DPOPair dict, got {type(p).__name__}")
+        if not p.get("state_messages"):
+            raise ValueError(f"{w} (state {p.get('state_id')!r}): has no state_messages (its state is unknown)")
+        prompt = _messages(p["state_messages"], f"{w}.state_messages", "message", self.stats)
+        prompt = [prompt[j] for j in _trainable(prompt, self.stats)]
+        acts = []
+        for k in ("chosen", "rejected"):
+            if k not in p: raise ValueError(f"{w}: has no '{k}' action")
+            if not isinstance(p[k], str): raise TypeError(f"{w}: {k} must be a string (a student_action), got {type(p[k]).__name__}")
+            m = action_to_message(_clean(p[k], self.stats), self.config.keep_thinking)
+            acts.append(_messages([m], f"{w}.{k}", "message", self.stats)[0])
+        return None if any(_empty(m) for m in acts) else (prompt, acts)
+
+    def _pairs(self, ex:dict, where:str) -> list[tuple]:
+        "(chosen, rejected) sides of an example's DPO pairs that fit; a pair with an empty action or a response alone too long is dropped and counted."
+        pairs = ex.get("dpo_pairs")
+        if pairs is not None and not isinstance(pairs, (list, tuple)): raise TypeError(f"{where}: dpo_pairs must be a list of DPOPair dicts, got {type(pairs).__name__}")
+        checked = [self._pair_messages(p, f"{where}, dpo_pairs[{k}]") for k, p in enumerate(pairs or [])]  # all validated before any work
         out = []
-        for p in ex.get("dpo_pairs") or []:
-            if not isinstance(p, dict) or not p.get("state_messages"):
-                raise ValueError(f"example {ex.get('trace_id')!r}: DPO pair {p.get('state_id') if isinstance(p, dict) else p!r} "
-                                 "has no state_messages (its state is unknown)")
-            sides = [self._dpo_side(p["state_messages"], p[k]) for k in ("chosen", "rejected")]
+        for k, c in enumerate(checked):
+            if c is None: self.stats["dpo_pairs_dropped_empty"] += 1; continue
+            try: sides = [self._dpo_side(c[0], a) for a in c[1]]
+            except ValueError as e: raise ValueError(f"{where}, dpo_pairs[{k}]: {e}") from e
             if any(x is None for x in sides): self.stats["dpo_pairs_dropped_too_long"] += 1; continue
             out.append(tuple(sides))
         return out
 
     def _example(self, b:int, ex:dict) -> tuple[dict, list[tuple]]:
         "The token rows of one example (channels 1-2) and its pairs (channel 3)."
-        cfg = self.config
-        if not isinstance(ex, dict) or not isinstance(ex.get("turns"), list):
-            raise ValueError(f"batch[{b}] must be a TraceExample dict with a 'turns' list")
-        msgs = messages_from_turns(ex["turns"])
+        cfg, where = self.config, _where(b, ex)
+        if "turns" not in ex: raise ValueError(f"{where}: has no 'turns'")
+        if not isinstance(ex["turns"], list): raise TypeError(f"{where}: turns must be a list of turn dicts, got {type(ex['turns']).__name__}")
+        msgs = _messages(ex["turns"], where, "turn", self.stats)
+        turn_of = _trainable(msgs, self.stats)      # indices into `turns` of the messages kept
+        msgs = [msgs[j] for j in turn_of]
         if not any(m["role"] == "assistant" for m in msgs):
-            raise ValueError(f"batch[{b}] (trace {ex.get('trace_id')!r}) has no assistant turn")
-        sites = self._sites(msgs) if cfg.enable_sdpo and cfg.hint_generator is not None else {}
-        s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites)
+            raise ValueError(f"{where}: turns have no assistant turn to train (none with text or tool calls after a system, user or tool turn)")
+        pairs = self._pairs(ex, where) if cfg.enable_replay_dpo else []
+        try:
+            sites = self._sites(msgs, turn_of) if cfg.enable_sdpo and cfg.hint_generator is not None else {}
+            s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites)
+        except (ValueError, TypeError) as e: raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {e}") from e
         s_pos = {k: [t for t, o in enumerate(s_own) if o == k] for k in sites}
         t_pos = {k: [t for t, o in enumerate(t_own) if o == k] for k in sites}
         # a target counts only if it survived truncation whole in both sequences, with the same tokens, and
@@ -283,13 +446,13 @@ class ComposerDataCollator:
         self.stats["sdpo_targets"] += len(keep); self.stats["sdpo_targets_lost"] += len(sites) - len(keep)
         row = dict(ids=s_ids, resp=[int(o >= 0) for o in s_own], t_ids=t_ids,
                    t_mask=[int(o in keep) for o in t_own], s_mask=[int(o in keep) for o in s_own])
-        return row, (self._pairs(ex) if cfg.enable_replay_dpo else [])
+        return row, pairs
 
     def _cached(self, b:int, ex:dict):
-        "`_example`, memoized by the example's content (a trainer sees the same traces every epoch)."
+        "`_example`, memoized by the example's exact content (a trainer sees the same traces every epoch)."
         if not self.config.cache_size: return self._example(b, ex)
-        try: key = hashlib.sha1(orjson.dumps(ex, option=orjson.OPT_SORT_KEYS)).digest()
-        except TypeError: return self._example(b, ex)  # not JSON-like: no caching
+        key = _content_key({k: v for k, v in ex.items() if k != self.config.rlvr_reward_key})   # the reward is read fresh every call
+        if key is None: return self._example(b, ex)  # holds values of other types: no caching
         if key in self._cache: self.stats["cache_hits"] += 1; return self._cache[key]
         out = self._example(b, ex)
         if len(self._cache) >= self.config.cache_size: self._cache.pop(next(iter(self._cache)))
@@ -300,14 +463,19 @@ class ComposerDataCollator:
     def __call__(self, batch:Sequence[TraceExample]) -> dict[str, torch.Tensor]:
         "Collate traces into the three channels' tensors (keys and shapes in the table above)."
         cfg = self.config
+        if isinstance(batch, (dict, str, bytes)) or not hasattr(batch, "__iter__"):
+            raise TypeError(f"batch must be a list of TraceExample dicts, got {type(batch).__name__}")
+        batch = list(batch)
         if not batch: raise ValueError("empty batch")
+        for b, ex in enumerate(batch):
+            if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
+        rewards = [_reward(ex.get(cfg.rlvr_reward_key), _where(b, ex), cfg.rlvr_reward_key) for b, ex in enumerate(batch)]
         done = [self._cached(b, ex) for b, ex in enumerate(batch)]
         rows = [r for r, _ in done]
         pad = cfg.pad_token_id
         out = {"input_ids": _pad([r["ids"] for r in rows], pad), "attention_mask": _pad([[1]*len(r["ids"]) for r in rows], 0),
                "response_mask": _pad([r["resp"] for r in rows], 0)}
-        rewards = [ex.get(cfg.rlvr_reward_key) for ex in batch]
-        out["rewards"] = torch.tensor([float(r) if r is not None else 0.0 for r in rewards], dtype=torch.float32)
+        out["rewards"] = torch.tensor([r if r is not None else 0.0 for r in rewards], dtype=torch.float32)
         out["reward_mask"] = torch.tensor([r is not None for r in rewards], dtype=torch.bool)
         if cfg.enable_sdpo and cfg.hint_generator is not None and any(any(r["t_mask"]) for r in rows):
             out["ctx_teacher_input_ids"] = _pad([r["t_ids"] for r in rows], pad)
@@ -345,8 +513,19 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
                                final_reward:float|None=None, # reward for every example (None: no reward)
                               ) -> list[TraceExample]:
     "Group consecutive states into conversations and attach their DPO pairs."
+    if isinstance(states, (dict, str, bytes)) or not hasattr(states, "__iter__"): raise TypeError(f"states must be a list of TraceState dicts, got {type(states).__name__}")
+    if pairs is not None and (isinstance(pairs, (dict, str, bytes)) or not hasattr(pairs, "__iter__")):
+        raise TypeError(f"pairs must be a list of DPOPair dicts, got {type(pairs).__name__}")
+    pairs = list(pairs or [])
+    for k, p in enumerate(pairs):
+        if not isinstance(p, dict): raise TypeError(f"pairs[{k}]: must be a DPOPair dict, got {type(p).__name__}")
+    reward = _reward(final_reward, "trace_examples_from_states", "final_reward")
     groups, prev = [], None
-    for st in states:
+    for i, st in enumerate(states):
+        if not isinstance(st, dict): raise TypeError(f"states[{i}]: must be a TraceState dict, got {type(st).__name__}")
+        for k, t in (("state_id", str), ("messages", list), ("student_action", str)):
+            if k not in st: raise ValueError(f"states[{i}]: has no '{k}'")
+            if not isinstance(st[k], t): raise TypeError(f"states[{i}] ({st.get('state_id')!r:.60}): {k} must be a {t.__name__}, got {type(st[k]).__name__}")
         msgs = st["messages"]
         if prev is None or len(msgs) < len(prev) or msgs[:len(prev)] != prev: groups.append([])
         groups[-1].append(st); prev = msgs
@@ -354,13 +533,14 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
     for g in groups:
         last = g[-1]
         msgs = list(last["messages"]) + [action_to_message(last["student_action"])]
+        _messages(msgs, f"state {last['state_id']!r:.60}", "message")  # every state of the group is a prefix of this one
         ex = TraceExample(trace_id=g[0]["state_id"], turns=_turns(msgs), dpo_pairs=[], state_ids=[s["state_id"] for s in g])
-        if final_reward is not None: ex["final_reward"] = float(final_reward)
+        if reward is not None: ex["final_reward"] = reward
         for s in g: where[s["state_id"]] = len(examples)
         examples.append(ex)
-    unknown = [p.get("state_id") for p in pairs or [] if p.get("state_id") not in where]
+    unknown = [p.get("state_id") for p in pairs if p.get("state_id") not in where]
     if unknown: raise ValueError(f"{len(unknown)} DPO pair(s) name states that are not in these traces: {unknown[:5]}")
-    for p in pairs or []: examples[where[p["state_id"]]]["dpo_pairs"].append(p)
+    for p in pairs: examples[where[p["state_id"]]]["dpo_pairs"].append(p)
     return examples
 
 def trace_examples_from_session(path:str|Path, # a session .jsonl file or a project folder
@@ -370,7 +550,9 @@ def trace_examples_from_session(path:str|Path, # a session .jsonl file or a proj
                                ) -> list[TraceExample]:
     "Ingest a Claude Code session and return its TraceExamples with their tool errors and DPO pairs."
     from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     ingester = ingester or ClaudeCodeIngester()
+    if not callable(getattr(ingester, "ingest", None)): raise TypeError(f"ingester must have an ingest(path) method, got {type(ingester).__name__}")
     return trace_examples_from_states(list(ingester.ingest(Path(path))), pairs=pairs, final_reward=final_reward)
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #f0c2487c

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import hashlib
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from urllib.parse import urlparse
 
 import orjson
 
+from .jsonl import JsonlStats, loads_line, write_jsonl
 from .ingestion.claude_code import TraceState, action_to_message, parse_student_action, render_action
 _all_ = ["TraceState"]   # re-exported: one definition, in the ingestion module
 
@@ -139,24 +141,44 @@ def _request_body(messages, teacher, max_tokens, tools, provider, extra_body):
     return body
 
 # %% ../nbs/13_teacher_replay.ipynb #4d15c841
+def _tname(v):
+    "A JSON-ish name for the type of `v`, for error messages."
+    return "null" if v is None else "an empty list" if v == [] else type(v).__name__
+
 def render_reply(message:dict, # an OpenAI assistant message: content and/or tool_calls
                 ) -> str: # the action string, in `render_action`'s format
     "Render a chat-completions assistant message as an action string, like a `student_action`."
-    if not isinstance(message, dict): raise TypeError(f"message must be a dict, got {type(message).__name__}")
+    if not isinstance(message, dict): raise TypeError(f"message must be a dict, got {_tname(message)}")
     blocks, c = [], message.get("content")
-    if isinstance(c, list): c = "".join(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") in ("text", "output_text"))
-    if isinstance(c, str) and c.strip(): blocks.append({"type": "text", "text": c})
-    for tc in message.get("tool_calls") or []:
-        fn = (tc or {}).get("function") or {}
-        raw = fn.get("arguments")
-        if isinstance(raw, dict): args = raw
+    if isinstance(c, list):
+        texts = []
+        for i, p in enumerate(c):
+            if isinstance(p, dict) and p.get("type") in ("text", "output_text"):
+                if not isinstance(p.get("text"), str): raise TypeError(f"message['content'][{i}]['text'] must be a str, got {_tname(p.get('text'))}")
+                texts.append(p["text"])
+        c = "".join(texts)
+    elif c is not None and not isinstance(c, str):
+        raise TypeError(f"message['content'] must be a str, a list of parts or null, got {_tname(c)}")
+    if c and c.strip(): blocks.append({"type": "text", "text": c})
+    tcs = message.get("tool_calls")
+    if tcs is not None and not isinstance(tcs, list): raise TypeError(f"message['tool_calls'] must be a list, got {_tname(tcs)}")
+    for i, tc in enumerate(tcs or ()):
+        where = f"message['tool_calls'][{i}]"
+        if not isinstance(tc, dict): raise TypeError(f"{where} must be a dict, got {_tname(tc)}")
+        fn = tc.get("function")
+        if not isinstance(fn, dict): raise TypeError(f"{where}['function'] must be a dict, got {_tname(fn)}")
+        name, raw = fn.get("name"), fn.get("arguments")
+        if not isinstance(name, str) or not name: raise TypeError(f"{where}['function']['name'] must be a non-empty str, got {_tname(name)}")
+        if isinstance(raw, dict): args = raw                   # some servers (Ollama) send the object itself
+        elif raw is None or raw == "": args = {}
+        elif not isinstance(raw, str): raise TypeError(f"{where}['function']['arguments'] must be a JSON str, got {_tname(raw)}")
         else:
-            try: args = orjson.loads(raw) if raw else {}
+            try: args = orjson.loads(raw)
             except orjson.JSONDecodeError:       # what orjson refuses but json reads (NaN, huge ints), json decides
                 try: args = json.loads(raw)
-                except (TypeError, ValueError): args = None
+                except (ValueError, RecursionError): args = None
             if not isinstance(args, dict): args = {"_raw_arguments": raw}
-        blocks.append({"type": "tool_use", "name": str(fn.get("name") or ""), "input": args})
+        blocks.append({"type": "tool_use", "name": name, "input": args})
     return render_action(blocks)
 
 # %% ../nbs/13_teacher_replay.ipynb #e0bbfc92
@@ -178,13 +200,15 @@ def retry_after_s(headers:Any, # HTTP response headers (any mapping)
             try: found.append(float(h["retry-after"]))
             except ValueError:
                 try: found.append(email.utils.parsedate_to_datetime(h["retry-after"]).timestamp() - now)
-                except (TypeError, ValueError): pass
+                except (TypeError, ValueError, IndexError, OverflowError, OSError): pass   # not a date either
         if "x-ratelimit-reset" in h:
             try: t = float(h["x-ratelimit-reset"])
             except ValueError: continue
             if t > 1e11: t /= 1000       # epoch milliseconds
             found.append(t - now if t > 1e9 else t)   # an epoch time, or (small) a delta in seconds
-    if not found and isinstance(meta.get("retry_after_seconds"), (int, float)): found.append(float(meta["retry_after_seconds"]))
+    ras = meta.get("retry_after_seconds")
+    if not found and isinstance(ras, (int, float)) and not isinstance(ras, bool): found.append(float(ras))
+    found = [w for w in found if math.isfinite(w)]          # "nan", "inf", "1e999": the server did not say
     return max(0.0, max(found)) if found else None
 
 # %% ../nbs/13_teacher_replay.ipynb #142cecf8
@@ -231,25 +255,86 @@ class _Budget:
         async with self.cond: self.closed = True; self.cond.notify_all()
 
 # %% ../nbs/13_teacher_replay.ipynb #9db496e1
+_JOURNAL_TAG = "composer_replication.teacher_replay journal"
+
+def _numbered_records(path, stats):
+    "(line number, JSON object) for each good line of a JSONL file; bad lines are counted in `stats` (a `JsonlStats`)."
+    with Path(path).open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            if n == 1 and raw.startswith(b"\xef\xbb\xbf"): raw = raw[3:]
+            if not raw.strip(): continue
+            stats.lines += 1
+            rec, why = loads_line(raw)
+            if why is None and not isinstance(rec, dict): why = f"JSON {_tname(rec)}, not an object"
+            if why is not None:
+                stats.note_bad(n, why)
+                if not raw.endswith(b"\n"): stats.torn_tail = True
+                continue
+            yield n, rec
+
+def _row_problem(r):
+    "Why journal record `r` is not a usable result (None when it is)."
+    if not isinstance(r.get("state_id"), str) or not isinstance(r.get("teacher_slug"), str): return "no state_id/teacher_slug strings"
+    c = r.get("cost_usd")
+    if c is not None and (isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf):
+        return f"cost_usd={c!r:.40} is not an amount >= 0"
+    for k in ("response_text", "error"):
+        if r.get(k) is not None and not isinstance(r[k], str): return f"{k} is {_tname(r[k])}, not a str or null"
+    return None
+
+def _header_problem(r):
+    "Why a journal header record is malformed (None when it is well formed)."
+    for k in ("teachers", "state_ids"):
+        if not isinstance(r.get(k), list) or not all(isinstance(x, str) for x in r[k]): return f"header {k} is not a list of str"
+    if not isinstance(r.get("states_sha256"), str): return "header states_sha256 is not a str"
+    return None
+
+def _scan_journal(path):
+    "(results, headers, JsonlStats) of a journal: malformed lines and records are skipped and counted."
+    path = Path(path)
+    if not path.exists(): raise FileNotFoundError(f"journal {path} does not exist")
+    rows, headers, st = [], [], JsonlStats()
+    for n, r in _numbered_records(path, st):
+        is_header = r.get("journal") == _JOURNAL_TAG
+        why = _header_problem(r) if is_header else _row_problem(r)
+        if why is not None: st.note_bad(n, why); continue
+        st.records += 1
+        (headers if is_header else rows).append(r)
+    return rows, headers, st
+
 def read_journal(path:str|Path, # a JSONL journal written by `replay_trace`
                 ) -> tuple[list[TeacherCallResult], int]: # (results in file order, number of bad lines skipped)
     "Read a replay journal, skipping (and counting) torn or malformed lines."
-    path = Path(path)
-    if not path.exists(): raise FileNotFoundError(f"journal {path} does not exist")
-    out, bad = [], 0
-    with path.open("rb") as f:
-        for line in f:
-            if not line.strip(): continue
-            try: r = orjson.loads(line)
-            except orjson.JSONDecodeError: bad += 1; continue
-            if not (isinstance(r, dict) and isinstance(r.get("state_id"), str) and isinstance(r.get("teacher_slug"), str)):
-                bad += 1; continue
-            out.append(r)
-    return out, bad
+    rows, _, st = _scan_journal(path)
+    return rows, st.bad
+
+def _journal_fingerprint(states, teachers):
+    "The header a journal is stamped with: the teachers, and the trace (its state ids and a digest of their messages)."
+    trace = sorted([s["state_id"], s["messages"]] for s in states)     # order-free: results are per (state, teacher)
+    return {"journal": _JOURNAL_TAG, "version": 1, "teachers": sorted(t["slug"] for t in teachers),
+            "n_states": len(states), "states_sha256": hashlib.sha256(orjson.dumps(trace, option=orjson.OPT_SORT_KEYS)).hexdigest(),
+            "state_ids": [s["state_id"] for s in states]}
+
+def _check_journal_header(path, headers, fp):
+    "Refuse (ValueError) a journal whose header says it belongs to another run: other teachers or another trace."
+    for h in headers:
+        diffs = []
+        if sorted(h["teachers"]) != fp["teachers"]:
+            diffs.append(f"its teachers are {sorted(h['teachers'])}, this run's {fp['teachers']}")
+        if h["states_sha256"] != fp["states_sha256"]:
+            old, new = set(h["state_ids"]), set(fp["state_ids"])
+            d = f"its trace has {len(h['state_ids'])} states, this one {fp['n_states']}"
+            if new - old: d += f"; {len(new - old)} state(s) are not in the journal's trace (first: {min(new - old)!r})"
+            if old - new: d += f"; {len(old - new)} of the journal's states are not in this trace (first: {min(old - new)!r})"
+            if old == new: d += ", with the same state ids but different messages"
+            diffs.append(d)
+        if diffs:
+            raise ValueError(f"journal {path} belongs to another run ({'; '.join(diffs)}): pass another journal path, "
+                             "or delete this file to start over")
 
 class _Journal:
     "Append-only JSONL writer: a thread writes, flushes and fsyncs queued lines in groups."
-    def __init__(self, path):
+    def __init__(self, path, header=None):
         self.path = Path(path); self.path.parent.mkdir(parents=True, exist_ok=True)
         self.f = self.path.open("ab")
         if self.f.tell() > 0:
@@ -258,6 +343,7 @@ class _Journal:
                 if r.read(1) != b"\n": self.f.write(b"\n")   # terminate a torn last line
         self.q, self.error = queue.SimpleQueue(), None
         self.thread = threading.Thread(target=self._run, name="replay-journal", daemon=True); self.thread.start()
+        if header is not None: self.put(header)              # the first record of a new (or pre-header) journal
     def put(self, rec): self.q.put(orjson.dumps(rec) + b"\n")
     def _run(self):
         done = False
@@ -364,30 +450,66 @@ def _resolve_endpoint(base_url, api_key):
     return url.rstrip("/") + "/chat/completions", is_or, key
 
 # %% ../nbs/13_teacher_replay.ipynb #7ba1d1b0
-def _err_text(data, raw, status):
+_NOT_JSON = object()   # the body did not parse
+_TIMEOUTS = (TimeoutError, asyncio.TimeoutError)   # one class from Python 3.11 on, two before
+
+def _clip(s, n=300): return s if len(s) <= n else s[:n] + "…"
+
+def _err_text(data, raw):
+    "What an error answer says (not yet redacted or clipped: redact first, so no part of a key survives the cut)."
     err = data.get("error") if isinstance(data, dict) else None
     if isinstance(err, dict):
         msg = str(err.get("message") or "")
-        raw_meta = (err.get("metadata") or {}).get("raw") if isinstance(err.get("metadata"), dict) else None
-        return f"{msg} ({str(raw_meta)[:200]})" if raw_meta and isinstance(raw_meta, str) else msg
+        raw_meta = err["metadata"].get("raw") if isinstance(err.get("metadata"), dict) else None
+        return f"{msg} ({raw_meta[:1000]})" if raw_meta and isinstance(raw_meta, str) else msg
     if isinstance(err, str): return err
-    return raw[:200].decode("utf-8", "replace")
+    return raw[:1200].decode("utf-8", "replace")
 
-def _usage_cost(usage, teacher):
-    "Actual USD for a usage block: usage.cost if present, else tokens x prices; None without usage."
-    if not isinstance(usage, dict) or not usage: return None
-    c = usage.get("cost")
-    if isinstance(c, (int, float)) and not isinstance(c, bool) and c >= 0: return float(c)
-    pt, ct = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-    return (pt*teacher["input_per_mtok"] + ct*teacher["output_per_mtok"])/1e6
+def _count(v, hi):
+    "A token count from a usage field: an int (or integral float) in [0, hi], else None."
+    if type(v) is int: return v if 0 <= v <= hi else None
+    if type(v) is float and v.is_integer() and 0 <= v <= hi: return int(v)
+    return None
+
+def _usage_charge(usage, teacher, need, max_prompt, max_completion, absent):
+    "(USD to charge, prompt tokens, completion tokens, why the usage was not trusted or None) for an answer's usage."
+    if usage is None or usage == {}: return absent, 0, 0, "no usage"
+    if not isinstance(usage, dict): return need, 0, 0, f"usage is {_tname(usage)}, not an object"
+    raw_pt, raw_ct, c = usage.get("prompt_tokens"), usage.get("completion_tokens"), usage.get("cost")
+    pt, ct = _count(raw_pt, max_prompt), _count(raw_ct, max_completion)
+    for name, raw, v, hi in (("prompt_tokens", raw_pt, pt, max_prompt), ("completion_tokens", raw_ct, ct, max_completion)):
+        if raw is not None and v is None:     # negative, fractional, NaN, a string, or more than the request could produce
+            return need, 0, 0, f"usage.{name}={raw!r:.40} is not a count in [0, {hi}]"
+    pt, ct = pt or 0, ct or 0
+    if c is not None:
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c < math.inf:
+            return need, 0, 0, f"usage.cost={c!r:.40} is not an amount >= 0"
+        if c > need*(1 + 1e-9):
+            return need, pt, ct, f"usage.cost=${c:.6f} is more than the reserved worst case ${need:.6f}: are its TeacherSpec prices too low?"
+        return min(float(c), need), pt, ct, None
+    if raw_pt is None or raw_ct is None: return need, pt, ct, "usage has neither cost nor both token counts"
+    return min((pt*teacher["input_per_mtok"] + ct*teacher["output_per_mtok"])/1e6, need), pt, ct, None
+
+def _reply_text(data, raw):
+    "The action in a 200 answer's body; TypeError naming what is wrong with its shape."
+    if data is _NOT_JSON: raise TypeError(f"the body is not JSON ({raw[:80].decode('utf-8', 'replace')!r})")
+    if not isinstance(data, dict): raise TypeError(f"the body is {_tname(data)}, not a JSON object")
+    if "choices" not in data: raise TypeError("the body has no choices")
+    ch = data["choices"]
+    if not isinstance(ch, list) or not ch: raise TypeError(f"choices must be a non-empty list, got {_tname(ch)}")
+    if not isinstance(ch[0], dict): raise TypeError(f"choices[0] must be a dict, got {_tname(ch[0])}")
+    if "message" not in ch[0]: raise TypeError("choices[0] has no message")
+    msg = ch[0]["message"]
+    if not isinstance(msg, dict): raise TypeError(f"choices[0]['message'] must be a dict, got {_tname(msg)}")
+    return render_reply(msg)
 
 class _Run:
     "State of one `replay_trace` call (internal)."
-    def __init__(self, http, redact, budget, journal, pbar, retrying_kw, max_wait_s):
-        self.http, self.redact = http, redact
+    def __init__(self, http, redact, budget, journal, pbar, retrying_kw, max_wait_s, max_tokens=1024):
+        self.http, self.redact, self.max_tokens = http, redact, max_tokens
         self.budget, self.journal, self.pbar, self.rkw, self.max_wait_s = budget, journal, pbar, retrying_kw, max_wait_s
         self.results, self.not_attempted, self.halted, self.fatal = [], [], None, None
-        self.pending: dict = {}; self.overspent = False   # job -> its send task, until its outcome is recorded
+        self.pending: dict = {}; self.distrusted = set()   # job -> its send task, until recorded; slugs warned about
         self.unshown, self.next_show = 0, 0.0            # progress bar updates, at most ~10 a second
 
     async def halt(self, why):
@@ -407,6 +529,13 @@ class _Run:
         if self.unshown: self.pbar.update(self.unshown); self.unshown = 0
         self.next_show = time.monotonic() + 0.1
 
+    def distrust(self, job, why):
+        "Log (once per teacher, then at debug level) that an answer's usage was not trusted."
+        slug, first = job.teacher["slug"], job.teacher["slug"] not in self.distrusted
+        self.distrusted.add(slug)
+        (_log.warning if first else _log.debug)("%s: usage not trusted (%s): charged at the reserved worst case $%.6f%s", slug,
+                                                _clip(self.redact(why), 200), job.need, " (further cases are logged at debug level)" if first else "")
+
     async def send(self, job):
         "One HTTP exchange; returns ('ok', text) or an exception to raise. Settles the budget."
         http, charge, t0 = self.http, job.need, time.perf_counter()
@@ -416,28 +545,26 @@ class _Run:
                 charge = 0.0
                 return _Retry(f"connection failed: {self.redact(e) or type(e).__name__}")
             except http.transport_errors as e:    # dropped, timed out, ... after sending: its fate is unknown
-                return _Retry(f"{type(e).__name__}: {self.redact(e)} (charged at worst case: the provider may have billed it)")
+                why = (f"timed out: no complete answer within timeout_s={http.timeout_s:g} s" if isinstance(e, _TIMEOUTS)
+                       else f"{type(e).__name__}: {self.redact(e)}")
+                return _Retry(f"{why} (charged at worst case: the provider may have billed it)")
             except Exception as e:    # anything else (a broken transport, ...): this call fails, the run goes on
                 return _Failed(f"{type(e).__name__}: {self.redact(e)} (charged at worst case)")
             job.latency = time.perf_counter() - t0
             try: data = orjson.loads(raw)
-            except orjson.JSONDecodeError: data = None
+            except orjson.JSONDecodeError: data = _NOT_JSON
             err = data.get("error") if isinstance(data, dict) else None
             usage = data.get("usage") if isinstance(data, dict) else None
-            if status == 200 and isinstance(data, dict) and not err:
-                c = _usage_cost(usage, job.teacher)
-                charge = job.need if c is None else c
-                if c is not None and c > job.need*(1 + 1e-9) and not self.overspent:
-                    self.overspent = True
-                    _log.warning("%s charged $%.6f, more than its reserved worst case $%.6f: are its TeacherSpec prices too low?",
-                                 job.teacher["slug"], c, job.need)
-                job.pt, job.ct = int((usage or {}).get("prompt_tokens") or 0), int((usage or {}).get("completion_tokens") or 0)
-                try: msg = data["choices"][0]["message"]
-                except (KeyError, IndexError, TypeError): return _Retry("HTTP 200 without choices[0].message")
-                return ("ok", render_reply(msg))
-            c = _usage_cost(usage, job.teacher)
-            charge = c or 0.0                       # providers do not bill errors unless they report usage
-            text = self.redact(_err_text(data, raw, status))
+            if status == 200 and not err:         # a reply: priced by its usage if that is believable, else at worst case
+                charge, job.pt, job.ct, why = _usage_charge(usage, job.teacher, job.need, len(job.body) + _PROMPT_OVERHEAD_TOKENS,
+                                                            self.max_tokens, absent=job.need)
+                if why is not None and isinstance(data, dict): self.distrust(job, why)
+                try: return ("ok", _reply_text(data, raw))
+                except Exception as e:   # a reply of the wrong shape fails this call only; retried, as a glitch may be
+                    return _Retry(f"HTTP 200 with a malformed reply: {_clip(self.redact(e))}")
+            # providers do not bill errors unless they report usage (then believable usage, else the worst case)
+            charge = _usage_charge(usage, job.teacher, job.need, len(job.body) + _PROMPT_OVERHEAD_TOKENS, self.max_tokens, absent=0.0)[0]
+            text = _clip(self.redact(_err_text(data, raw)))
             wait = retry_after_s(headers, data)
             if status in (401, 403):
                 hint = "check the API key" if status == 401 else "the request or the key was refused"
@@ -511,7 +638,12 @@ class _Run:
 
     async def worker(self, jobs):
         while jobs and not self.halted:
-            await self.run_job(jobs.popleft())
+            job = jobs.popleft()
+            try: await self.run_job(job)
+            except Exception as e:    # a bug must not lose the run: this call fails, every other result is kept
+                msg = f"internal error: {type(e).__name__}: {_clip(self.redact(e))}"
+                _log.error("%s at %s: %s", job.teacher["slug"], job.state["state_id"], msg)
+                self.pending.pop(job, None); self.emit((job, job.result(error=msg)))
 
 # %% ../nbs/13_teacher_replay.ipynb #5e9c186e
 def _pooled_transport(max_connections, per_pool=4):
@@ -573,8 +705,10 @@ class _AiohttpPost:
         self.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, ssl=ssl),
             headers=headers, cookie_jar=aiohttp.DummyCookieJar(),
-            timeout=aiohttp.ClientTimeout(total=None, connect=timeout_s, sock_connect=min(timeout_s, 30.0), sock_read=timeout_s))
-        self.connect_errors, self.transport_errors = (aiohttp.ClientConnectorError,), (aiohttp.ClientError, TimeoutError)
+            # `total` bounds the whole exchange, body included: a server dripping a byte at a time is cut off at timeout_s
+            timeout=aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, 30.0)))
+        self.timeout_s = timeout_s
+        self.connect_errors, self.transport_errors = (aiohttp.ClientConnectorError,), (aiohttp.ClientError, *_TIMEOUTS)
     async def post(self, body):
         async with self.session.post(self.url, data=body, allow_redirects=False, proxy=self.proxy) as r:
             return r.status, r.headers, await r.read()
@@ -590,9 +724,13 @@ class _HttpxPost:
             client = httpx.AsyncClient(transport=transport or _pooled_transport(max_connections),
                                        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
                                        timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0)))
-        self.client = client
-        self.connect_errors, self.transport_errors = (httpx.ConnectError,), (httpx.TransportError,)
+        self.client, self.timeout_s = client, timeout_s
+        self.connect_errors, self.transport_errors = (httpx.ConnectError,), (httpx.TransportError, *_TIMEOUTS)
     async def post(self, body):
+        # httpx times each read, not the exchange: this bounds the whole of it
+        if not hasattr(asyncio, "timeout"): return await asyncio.wait_for(self._post(body), self.timeout_s)   # Python 3.10
+        async with asyncio.timeout(self.timeout_s): return await self._post(body)
+    async def _post(self, body):
         r = await self.client.post(self.url, content=body, headers=self.headers)
         return r.status_code, r.headers, r.content
     async def aclose(self):
@@ -622,8 +760,8 @@ async def replay_trace(
     base_url:str|None=None, # OpenAI-compatible /v1 URL; default OPENROUTER_BASE_URL env, else OpenRouter
     max_concurrency:int=16, # calls in flight at most (and the connection pool size)
     max_tokens:int=1024, # reply cap, always sent
-    timeout_s:float=120.0, # per-attempt HTTP timeout
-    journal:str|Path|None=None, # JSONL file: results appended as they complete; a rerun skips what it holds
+    timeout_s:float=120.0, # per-attempt limit on the whole HTTP exchange (connect, send, every byte of the answer)
+    journal:str|Path|None=None, # JSONL file: results appended as they complete; a rerun skips what it holds (another run's is refused)
     transport:Any=None, # None: aiohttp if importable, else httpx (split pools); "aiohttp"; "httpx"; or an httpx.AsyncBaseTransport
     client:Any=None, # an httpx.AsyncClient to use (not closed here); excludes `transport`
     provider:dict|None=None, # OpenRouter provider routing; None: {"data_collection": "deny"} on OpenRouter
@@ -663,16 +801,19 @@ async def replay_trace(
     # what the journal already holds
     tix = {t["slug"]: j for j, t in enumerate(teachers)}
     six = {s["state_id"]: i for i, s in enumerate(states)}
-    done, prior_spent, kept, bad = {}, 0.0, [], 0
+    done, prior_spent, kept, bad, header = {}, 0.0, [], 0, None
+    if journal is not None: header = _journal_fingerprint(states, teachers)
     if journal is not None and Path(journal).exists():
-        rows, bad = read_journal(journal)
-        if bad: _log.warning("journal %s: skipped %d malformed line(s)", journal, bad)
+        rows, headers, st = _scan_journal(journal)
+        bad = st.bad
+        if bad: _log.warning("%s", st.report(f"journal {journal}"))
+        _check_journal_header(journal, headers, header)     # another run's journal is refused before anything is sent
+        if headers: header = None                            # stamped already (an older journal gets its stamp now)
         failed = set()
         for r in rows:
             pair = (r["state_id"], r["teacher_slug"])
             if pair[0] not in six or pair[1] not in tix: continue
-            c = r.get("cost_usd")
-            prior_spent += float(c) if isinstance(c, (int, float)) and not isinstance(c, bool) else 0.0
+            prior_spent += float(r.get("cost_usd") or 0.0)      # a finite amount >= 0: `_scan_journal` skipped any other
             if r.get("error") is None and isinstance(r.get("response_text"), str): done[pair] = r
             else: failed.add(pair)
         if not retry_failed:
@@ -693,9 +834,9 @@ async def replay_trace(
     if key: headers["Authorization"] = f"Bearer {key}"
     http = _open_http(url, headers, transport, client, max_concurrency, timeout_s)
     budget, jr, pbar = _Budget(float(max_total_usd), prior_spent), None, None
-    run = _Run(http, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s)
+    run = _Run(http, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s, max_tokens)
     try:
-        run.journal = jr = _Journal(journal) if journal is not None else None
+        run.journal = jr = _Journal(journal, header) if journal is not None else None
         if progress: run.pbar = pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call")
         workers = [asyncio.ensure_future(run.worker(jobs)) for _ in range(min(max_concurrency, len(jobs)))]
         try: await asyncio.gather(*workers)
@@ -753,10 +894,14 @@ def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_
     states = _check_states(states)
     if isinstance(agreement_threshold, bool) or not isinstance(agreement_threshold, int) or agreement_threshold < 1:
         raise ValueError(f"agreement_threshold must be an int >= 1, got {agreement_threshold!r}")
+    if isinstance(teacher_actions, (str, bytes, dict)) or not isinstance(teacher_actions, Sequence):
+        raise TypeError(f"teacher_actions must be a sequence of TeacherCallResult dicts, got {type(teacher_actions).__name__}")
     ids = {s["state_id"] for s in states}
     votes: dict[str, dict[str, str]] = defaultdict(dict)
     for i, r in enumerate(teacher_actions):
         if not isinstance(r, dict): raise TypeError(f"teacher_actions[{i}] must be a TeacherCallResult dict, got {type(r).__name__}")
+        if not isinstance(r.get("state_id"), str):
+            raise TypeError(f"teacher_actions[{i}]['state_id'] must be a str, got {_tname(r.get('state_id'))}")
         if r.get("error") is None and isinstance(r.get("response_text"), str) and r.get("state_id") in ids:
             votes[r["state_id"]][str(r.get("teacher_slug"))] = r["response_text"]
     pairs = []
@@ -774,30 +919,57 @@ def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_
 
 # %% ../nbs/13_teacher_replay.ipynb #90f2af78
 _PAIR_KEYS = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+def _pair_problem(p):
+    "(exception class, what is wrong with `p` as a DPOPair, the field first) or None when it is one."
+    if not isinstance(p, dict) or any(k not in p for k in _PAIR_KEYS):
+        missing = [k for k in _PAIR_KEYS if k not in p] if isinstance(p, dict) else list(_PAIR_KEYS)
+        return ValueError, f" is not a DPOPair: needs {_PAIR_KEYS}, missing {missing}"
+    for k in ("state_id", "chosen", "rejected"):
+        if not isinstance(p[k], str): return TypeError, f"[{k!r}] must be a str, got {_tname(p[k])}"
+    ms = p["state_messages"]
+    if not isinstance(ms, list): return TypeError, f"['state_messages'] must be a list of messages, got {_tname(ms)}"
+    for j, m in enumerate(ms):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            return TypeError, f"['state_messages'][{j}] must be a message dict with a role in {_ROLES}, got {m!r:.60}"
+    n = p["n_teachers_agreeing"]
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1: return TypeError, f"['n_teachers_agreeing'] must be an int >= 1, got {n!r:.40}"
+    return None
+
+def _check_pair(p, i):
+    if (bad := _pair_problem(p)) is not None: raise bad[0](f"pairs[{i}]{bad[1]}")
 
 def save_pairs(pairs:Sequence[DPOPair], # pairs from `extract_dpo_pairs`
                path:str|Path, # JSONL file to write (parents are created)
               ) -> None:
-    "Write DPO pairs to JSONL, one per line."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-        for i, p in enumerate(pairs):
-            if not isinstance(p, dict) or any(k not in p for k in _PAIR_KEYS): raise ValueError(f"pairs[{i}] is not a DPOPair: needs {_PAIR_KEYS}")
-            f.write(orjson.dumps({k: p[k] for k in _PAIR_KEYS}) + b"\n")
+    "Write DPO pairs to JSONL, one per line: all checked first, then written atomically (temp file, then rename)."
+    if isinstance(pairs, (str, bytes, dict)) or not hasattr(pairs, "__iter__"):
+        raise TypeError(f"pairs must be a sequence of DPOPair dicts, got {type(pairs).__name__}")
+    pairs = list(pairs)
+    for i, p in enumerate(pairs): _check_pair(p, i)
+    rows = [{k: p[k] for k in _PAIR_KEYS} for p in pairs]
+    try: write_jsonl(path, rows)        # serialises every row before it touches the file
+    except TypeError as e:
+        i = next((i for i, r in enumerate(rows) if not _serialisable(r)), None)
+        raise TypeError(f"pairs[{i}] cannot be written as JSON: {e}" if i is not None else str(e)) from None
+
+def _serialisable(rec):
+    try: orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS); return True
+    except TypeError:
+        try: json.dumps(rec); return True
+        except (TypeError, ValueError): return False
 
 def load_pairs(path:str|Path, # JSONL written by `save_pairs`
               ) -> list[DPOPair]:
-    "Read DPO pairs from JSONL, skipping (and counting, in a warning) malformed lines."
+    "Read DPO pairs from JSONL, skipping (and counting, in a warning naming line and field) malformed lines."
     path = Path(path)
     if not path.exists(): raise FileNotFoundError(f"pairs file {path} does not exist")
-    out, bad = [], 0
-    for line in path.read_bytes().splitlines():
-        if not line.strip(): continue
-        try: p = orjson.loads(line)
-        except orjson.JSONDecodeError: bad += 1; continue
-        if not isinstance(p, dict) or any(k not in p for k in _PAIR_KEYS): bad += 1; continue
-        out.append(p)
-    if bad: _log.warning("%s: skipped %d malformed line(s)", path, bad)
+    out, st = [], JsonlStats()
+    for n, p in _numbered_records(path, st):
+        if (bad := _pair_problem(p)) is not None: st.note_bad(n, bad[1].lstrip()); continue
+        st.records += 1; out.append(p)
+    if st.bad: _log.warning("%s", st.report(str(path)))
     return out
 
 def to_preference_rows(pairs:Sequence[DPOPair], # pairs from `extract_dpo_pairs` / `load_pairs`
@@ -805,7 +977,7 @@ def to_preference_rows(pairs:Sequence[DPOPair], # pairs from `extract_dpo_pairs`
     "TRL conversational preference rows: the state's messages as prompt, one assistant message each side."
     rows = []
     for i, p in enumerate(pairs):
-        if not isinstance(p, dict) or any(k not in p for k in _PAIR_KEYS): raise ValueError(f"pairs[{i}] is not a DPOPair: needs {_PAIR_KEYS}")
+        _check_pair(p, i)
         rows.append({"prompt": openai_messages(p["state_messages"], instruction=None),
                      "chosen": [action_to_message(p["chosen"])], "rejected": [action_to_message(p["rejected"])]})
     return rows

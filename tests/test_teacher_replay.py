@@ -55,7 +55,7 @@ def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch, client
     pol = {"t/0": ModelPolicy(reply="fine", failures=[Failure.rate_limited(0.05), Failure.server_error(500), Failure.dropped()]),
            "t/1": ModelPolicy(reply={"tool_calls": [{"name": "Read", "arguments": {"file_path": "a.py"}}]}, failures=[Failure.error_in_200()]),
            "t/2": ModelPolicy(reply=echo)}
-    j = tmp_path / "journal.jsonl"
+    j, j3 = tmp_path / "journal.jsonl", tmp_path / "journal3.jsonl"
     with TeacherServer(pol, api_key=PLANTED) as srv:
         res = run(replay_trace(make_states(4), T, api_key=PLANTED, base_url=srv.url, journal=j, backoff_s=0.01, **kw))
         # the same through the environment (OpenRouter-style base URL from OPENROUTER_BASE_URL)
@@ -63,12 +63,12 @@ def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch, client
         res_env = run(replay_trace(make_states(2, prefix="e"), T[:2], backoff_s=0.01, **kw))
         with pytest.raises(TeacherReplayError) as ei:        # a 401 that echoes the key
             srv.policies["t/0"] = ModelPolicy(reply=Failure(401, message=f"Invalid key {PLANTED}"))
-            run(replay_trace(make_states(3, prefix="f"), T[:1], backoff_s=0.01, journal=j, **kw))
+            run(replay_trace(make_states(3, prefix="f"), T[:1], backoff_s=0.01, journal=j3, **kw))   # (j is another run's)
     assert {r["response_text"] for r in res if r["teacher_slug"] == "t/0"} == {"fine"}          # the key worked
     assert all("***" in r["error"] for r in res if r["teacher_slug"] == "t/2")                   # redacted, not dropped
     assert {r["error"] for r in res_env} == {None}
     out, err = capsys.readouterr()
-    texts = {"results": json.dumps(res) + repr(res) + json.dumps(res_env) + repr(res_env), "journal": j.read_text(),
+    texts = {"results": json.dumps(res) + repr(res) + json.dumps(res_env) + repr(res_env), "journal": j.read_text() + j3.read_text(),
              "logs": caplog.text + "".join(str(r.args) for r in caplog.records), "stdout/stderr (progress bar)": out + err,
              "exception": str(ei.value) + repr(ei.value) + repr(ei.value.results) + repr(ei.value.args)}
     assert "retrying t/0" in caplog.text                                # the logs were captured at all

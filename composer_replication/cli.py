@@ -29,6 +29,12 @@ def info() -> dict:
             "extras": {k: all(importlib.util.find_spec(m) is not None for m in mods) for k, mods in _STACKS.items()}}
 
 # %% ../nbs/41_cli.ipynb #3779f8ea
+def _fail(e:BaseException|str) -> int:
+    "Report bad input as one line on stderr; the exit status for it (2)."
+    msg = " ".join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
+    print(f"error: {msg}", file=sys.stderr)
+    return 2
+
 def _cmd_info(args) -> int:
     d = info()
     print(f"composer_replication {d['composer_replication']} (python {d['python']}, torch {d['torch']}, transformers {d['transformers']})")
@@ -38,24 +44,28 @@ def _cmd_info(args) -> int:
 
 def _cmd_ingest(args) -> int:
     from composer_replication.ingestion.claude_code import ingest_command
+    if not args.src.strip(): return _fail("SRC must be a session .jsonl file or a folder, got an empty path")
+    if not args.out.strip(): return _fail("--out must be a file path, got an empty one")
     return ingest_command(args.src, args.out, skip_sidechain=not args.subagents, redact=not args.no_redact,
                           progress=not args.quiet)
 
 def _cmd_demo(args) -> int:
-    from composer_replication.demo import DemoConfig, run_demo
-    try:
-        cfg = DemoConfig(session=args.session, teachers=args.teachers, model=args.model, out=args.out, name=args.name,
-                         steps=args.steps, max_total_usd=args.max_usd, seed=args.seed)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr); return 2
-    run_demo(cfg, progress=not args.quiet)
+    from composer_replication.demo import FLAGS, DemoConfig, DemoInputError, run_demo
+    given = {k: getattr(args, k) for k in FLAGS if hasattr(args, k)}   # flags not given: DemoConfig's defaults
+    try: cfg = DemoConfig(**given)
+    except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)   # the config's checks: bad flags
+    try: run_demo(cfg, progress=not args.quiet)
+    except DemoInputError as e: return _fail(e)   # bad input found by the run's preflight; anything else is a bug: traceback
     return 0
+
+class _Parser(argparse.ArgumentParser):
+    "An ArgumentParser whose usage errors are one line on stderr (exit status 2)."
+    def error(self, message): self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 def build_parser() -> argparse.ArgumentParser:
     "The `composer-replication` argument parser, one subparser per subcommand."
     from composer_replication import __version__
-    p = argparse.ArgumentParser(prog="composer-replication",
-                                description="Replicate a Composer-style training recipe for coding agents.")
+    p = _Parser(prog="composer-replication", description="Replicate a Composer-style training recipe for coding agents.")
     p.add_argument("--version", action="version", version=f"composer-replication {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser("info", help="show the version and which optional stacks are installed")
@@ -67,25 +77,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_ingest)
-    s = sub.add_parser("demo", help="the main job: session -> teacher replay -> DPO pairs -> three-channel training")
-    s.add_argument("--session", help="a Claude Code session .jsonl or project folder (default: the shipped sample)")
-    s.add_argument("--teachers", help="OpenRouter slugs (slug@in/out for prices), or a base URL then model names, comma-separated "
-                                      "(default: three scripted teachers on a local server)")
-    s.add_argument("--model", help="a local Hugging Face causal LM folder (default: the tiny Llama)")
-    s.add_argument("--out", default="runs", help="parent folder of the run (default: runs)")
-    s.add_argument("--name", help="run folder name (default: demo-<time>)")
-    s.add_argument("--steps", type=int, default=30, help="optimizer steps (default: 30)")
-    s.add_argument("--max-usd", type=float, default=1.0, help="replay budget in USD, never exceeded (default: 1.0)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--quiet", action="store_true", help="no progress bars or summary")
+    # demo: dest = the DemoConfig field; a flag not given is absent, so DemoConfig's default applies (one source of defaults)
+    s = sub.add_parser("demo", help="the main job: session -> teacher replay -> DPO pairs -> three-channel training",
+                       argument_default=argparse.SUPPRESS)
+    s.add_argument("--session", dest="session", help="a Claude Code session .jsonl or project folder (default: the shipped sample)")
+    s.add_argument("--teachers", dest="teachers", help="2 or more OpenRouter slugs (slug@in/out for prices), or a base URL then model "
+                                                      "names, comma-separated (default: three scripted teachers on a local server)")
+    s.add_argument("--model", dest="model", help="a local Hugging Face causal LM folder (default: the tiny Llama)")
+    s.add_argument("--out", dest="out", help="parent folder of the run (default: runs)")
+    s.add_argument("--name", dest="name", help="run folder name (default: demo-<time>); reusing one resumes its replay")
+    s.add_argument("--steps", dest="steps", type=int, help="optimizer steps (default: 30)")
+    s.add_argument("--lr", dest="lr", type=float, help="learning rate (default: 3e-3)")
+    s.add_argument("--alpha-sdpo", dest="alpha_sdpo", type=float, help="channel-2 (SDPO) weight (default: 0.5)")
+    s.add_argument("--beta-replay", dest="beta_replay", type=float, help="channel-3 (DPO) weight (default: 0.5)")
+    s.add_argument("--max-usd", dest="max_total_usd", type=float, help="replay budget in USD, never exceeded (default: 1.0)")
+    s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence (default: 768)")
+    s.add_argument("--max-dpo-seq-len", dest="max_dpo_seq_len", type=int, help="token cap per DPO sequence (default: 384)")
+    s.add_argument("--seed", dest="seed", type=int, help="seed, 0 <= seed < 2**32 (default: 0)")
+    s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")
     s.set_defaults(func=_cmd_demo)
     return p
 
 # %% ../nbs/41_cli.ipynb #e0747825
-def main(argv:list[str]|None=None) -> int:
+def main(argv:list[str]|None=None, # the arguments (default: sys.argv[1:])
+        ) -> int: # exit status: 0 ok (also --help, --version), 2 bad input
     "Entry point of the `composer-replication` console script; returns the exit status."
     p = build_parser()
-    args = p.parse_args(argv)
+    try: args = p.parse_args(argv)
+    except SystemExit as e: return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)   # --help, --version, usage errors
     if getattr(args, "func", None) is None:
         p.print_help()
         return 0

@@ -8,15 +8,17 @@ from __future__ import annotations
 import asyncio
 import importlib.resources
 import json
+import math
+import numbers
+import os
+import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
-from transformers import TrainerCallback
-
 # %% auto #0
-__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'DemoConfig', 'parse_teachers', 'scripted_actions',
-           'scripted_policies', 'run_demo']
+__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DemoInputError', 'DemoConfig',
+           'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
 
 # %% ../nbs/40_demo.ipynb #a8ec27d1
 SAMPLE_SESSION = Path(importlib.resources.files("composer_replication"))/"assets"/"sample_session"/"demo-calc-fix.jsonl"
@@ -30,10 +32,45 @@ SCRIPTED_TEACHERS = [  # slug, USD per million input / output tokens (billed by 
     {"slug": "demo/teacher-b", "input_per_mtok": 1.0, "output_per_mtok": 4.0},
     {"slug": "demo/teacher-c", "input_per_mtok": 0.2, "output_per_mtok": 0.8},
 ]
+AGREEMENT_THRESHOLD = 2  # teachers that must agree on an action the student did not take to make a DPO pair
+FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
+    "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
+    "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
+    "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed"}
+
+class DemoInputError(ValueError):
+    "Bad input found while the demo runs (a session without assistant turns, a model that does not load, ...); names the field and flag."
+
+def _bad(name, what, exc=ValueError): return exc(f"{name} ({FLAGS[name]}): {what}")
+
+def _int(name, v, lo, hi=None):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral): raise _bad(name, f"must be an int, got {v!r}", TypeError)
+    if v < lo or (hi is not None and v > hi): raise _bad(name, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v!r}")
+    return int(v)
+
+def _real(name, v, positive=False):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real): raise _bad(name, f"must be a number, got {v!r}", TypeError)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise _bad(name, f"must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
+    return float(v)
+
+def _path(name, v):
+    if not isinstance(v, (str, os.PathLike)): raise _bad(name, f"must be a path (str), got {type(v).__name__}", TypeError)
+    s = os.fspath(v)
+    if not isinstance(s, str) or not s or "\x00" in s: raise _bad(name, f"must be a non-empty path without NUL characters, got {s!r}")
+    return Path(s)
+
+def _creatable(p:Path) -> str|None:
+    "Why the folder `p` cannot be created and written to, or None."
+    q = p.absolute()
+    while not q.exists() and q != q.parent: q = q.parent
+    if not q.is_dir(): return f"{str(p)!r} exists and is not a folder" if q == p.absolute() else f"cannot create {str(p)!r}: {str(q)!r} is not a folder"
+    if not os.access(q, os.W_OK | os.X_OK): return f"cannot create {str(p)!r}: no write permission in {str(q)!r}"
+    return None
 
 @dataclass
 class DemoConfig:
-    "Settings of the main job (every field has a command-line flag)."
+    "Settings of the main job (every field has a command-line flag, see `FLAGS`); checked when made."
     session: str|None = None      # a Claude Code session .jsonl or project folder; None: the shipped sample
     teachers: str|None = None     # comma-separated OpenRouter slugs (slug@in/out for prices), or a base URL then model names; None: scripted
     model: str|None = None        # a local HF causal LM directory; None: the tiny Llama with the project tokenizer
@@ -46,32 +83,82 @@ class DemoConfig:
     max_total_usd: float = 1.0    # replay budget (never exceeded)
     max_seq_len: int = 768        # collator cap (latest turns kept)
     max_dpo_seq_len: int = 384    # collator cap for pairs (response kept whole)
-    seed: int = 0
+    seed: int = 0                 # seeds the tiny model's weights and the trainer (numpy needs 0 <= seed < 2**32)
 
     def __post_init__(self):
-        if self.steps < 1: raise ValueError(f"steps must be >= 1, got {self.steps}")
-        if self.max_total_usd < 0: raise ValueError(f"max_total_usd must be >= 0, got {self.max_total_usd}")
-        if self.session is not None and not Path(self.session).exists(): raise FileNotFoundError(f"session not found: {self.session}")
-        if self.model is not None and not Path(self.model).is_dir(): raise FileNotFoundError(f"model folder not found: {self.model}")
+        for k, lo, hi in (("steps", 1, None), ("max_seq_len", 2, None), ("max_dpo_seq_len", 2, None), ("seed", 0, 2**32 - 1)):
+            setattr(self, k, _int(k, getattr(self, k), lo, hi))
+        self.lr = _real("lr", self.lr, positive=True)
+        for k in ("alpha_sdpo", "beta_replay", "max_total_usd"): setattr(self, k, _real(k, getattr(self, k)))
+        if self.session is not None:
+            p = _path("session", self.session)
+            if not p.exists(): raise _bad("session", f"not found: {self.session}", FileNotFoundError)
+            if p.is_dir():
+                if next(p.rglob("*.jsonl"), None) is None: raise _bad("session", f"no .jsonl session files under the folder {self.session}")
+            elif not p.is_file(): raise _bad("session", f"not a session file or folder: {self.session}")
+            elif p.suffix.lower() != ".jsonl": raise _bad("session", f"must be a .jsonl session file or a folder, got {p.name!r}")
+            elif p.stat().st_size == 0: raise _bad("session", f"the file is empty (no session records): {self.session}")
+        if self.teachers is not None:
+            _, ts = parse_teachers(self.teachers)
+            if len(ts) < AGREEMENT_THRESHOLD:
+                raise _bad("teachers", f"{len(ts)} teacher named, but a DPO pair needs {AGREEMENT_THRESHOLD} teachers that agree on an "
+                                       f"action the student did not take: name at least {AGREEMENT_THRESHOLD} (the replay would pay for nothing)")
+        if self.model is not None:
+            p = _path("model", self.model)
+            if not p.is_dir(): raise _bad("model", f"folder not found: {self.model}", FileNotFoundError)
+            if not (p/"config.json").is_file(): raise _bad("model", f"no config.json in {self.model}: not a Hugging Face model folder")
+            if not any((p/f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+                raise _bad("model", f"no tokenizer (tokenizer.json or tokenizer_config.json) in {self.model}")
+        why = _creatable(_path("out", self.out))
+        if why: raise _bad("out", why)
+        if self.name is not None:
+            if not isinstance(self.name, str): raise _bad("name", f"must be a str, got {type(self.name).__name__}", TypeError)
+            if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\x00"):
+                raise _bad("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
 
 # %% ../nbs/40_demo.ipynb #4194460a
+def _price(it, price):
+    parts = price.split("/")
+    try:
+        if len(parts) != 2: raise ValueError
+        pin, pout = (float(x) for x in parts)
+    except ValueError: raise _bad("teachers", f"teacher price must be @in/out in USD per million tokens, got {it!r}") from None
+    if not (math.isfinite(pin) and math.isfinite(pout) and pin >= 0 and pout >= 0):
+        raise _bad("teachers", f"teacher prices must be finite numbers >= 0 (@in/out in USD per million tokens), got {it!r}")
+    return pin, pout
+
 def parse_teachers(spec:str, # "slug[@in/out],..." or "http(s)://host/v1,model[@in/out],..."
                   ) -> tuple[str|None, list[dict]]: # (base URL or None for OpenRouter, TeacherSpecs)
     "Parse the `--teachers` flag into a base URL and teacher specs with prices."
+    from urllib.parse import urlparse
     from composer_replication.teacher_replay import DEFAULT_TEACHERS
+    if not isinstance(spec, str): raise _bad("teachers", f"must be a str, got {type(spec).__name__}", TypeError)
     known = {t["slug"]: t for t in DEFAULT_TEACHERS}
-    items = [s.strip() for s in spec.split(",") if s.strip()]
-    base = items.pop(0) if items and items[0].startswith(("http://", "https://")) else None
-    if not items: raise ValueError(f"--teachers names no model: {spec!r}")
-    out = []
+    items = [s.strip() for s in spec.split(",")]
+    if not any(items): raise _bad("teachers", f"names no model: {spec!r}")
+    if not all(items): raise _bad("teachers", f"empty entry in {spec!r} (two commas in a row, or one at an end)")
+    base = items.pop(0) if items[0].lower().startswith(("http://", "https://")) else None
+    if base is not None:
+        u = urlparse(base)
+        if not u.hostname or any(c.isspace() or not c.isprintable() for c in base):
+            raise _bad("teachers", f"the base URL must be http(s)://host[:port]/path, got {base!r}")
+        try: u.port
+        except ValueError: raise _bad("teachers", f"the base URL has a bad port: {base!r}") from None
+    if not items: raise _bad("teachers", f"names no model: {spec!r}")
+    out, seen = [], set()
     for it in items:
-        slug, _, price = it.partition("@")
-        if price:
-            try: pin, pout = (float(x) for x in price.split("/"))
-            except ValueError: raise ValueError(f"teacher price must be @in/out in USD per million tokens, got {it!r}") from None
+        if it.lower().startswith(("http://", "https://")): raise _bad("teachers", f"a base URL may only come first, got {it!r} later in {spec!r}")
+        slug, at, price = it.partition("@")
+        slug = slug.strip()
+        if not slug: raise _bad("teachers", f"entry {it!r} has no model name")
+        if any(c.isspace() or not c.isprintable() for c in slug):
+            raise _bad("teachers", f"model name {slug!r} contains whitespace or control characters")
+        if slug in seen: raise _bad("teachers", f"teacher {slug!r} is named twice (it would count twice toward agreement)")
+        seen.add(slug)
+        if at: pin, pout = _price(it, price)
         elif slug in known: pin, pout = known[slug]["input_per_mtok"], known[slug]["output_per_mtok"]
         elif base is not None: pin = pout = 0.0
-        else: raise ValueError(f"no price known for {slug!r}: write it as {slug}@IN/OUT (USD per million tokens) so the budget can be enforced")
+        else: raise _bad("teachers", f"no price known for {slug!r}: write it as {slug}@IN/OUT (USD per million tokens) so the budget can be enforced")
         out.append({"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout})
     return base, out
 
@@ -123,7 +210,8 @@ def _plot(metrics:list[dict], results:list[dict], states:list[dict], path:Path):
     for slug in sorted({r["teacher_slug"] for r in results}):
         costs = [r["cost_usd"] for r in results if r["teacher_slug"] == slug]
         ax[1].plot(range(1, len(costs) + 1), [sum(costs[:i + 1]) for i in range(len(costs))], marker=".", label=slug)
-    ax[1].set(xlabel="calls", ylabel="USD", title="teacher cost so far"); ax[1].legend(fontsize=8)
+    ax[1].set(xlabel="calls", ylabel="USD", title="teacher cost so far")
+    if results: ax[1].legend(fontsize=8)
     from composer_replication.teacher_replay import action_key
     agree = []
     for s in states:
@@ -133,59 +221,99 @@ def _plot(metrics:list[dict], results:list[dict], states:list[dict], path:Path):
     ax[2].set(xlabel="state", ylabel="fraction", ylim=(0, 1.05), title="teachers agreeing with the student")
     fig.tight_layout(); fig.savefig(path); plt.close(fig)
 
+def _one_line(e:BaseException) -> str: return " ".join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
+
+def _no_pairs_reason(results, failed_calls:int) -> str:
+    "Why the replay mined no DPO pair, in one line."
+    why = []
+    if results.not_attempted: why.append(f"{len(results.not_attempted)} teacher calls were not attempted (stopped: {results.stopped}; raise --max-usd?)")
+    if failed_calls: why.append(f"{failed_calls} of {len(results)} teacher calls failed (see the journal)")
+    why.append(f"at no state did {AGREEMENT_THRESHOLD} teachers agree on an action the student did not take")
+    return "0 DPO pairs: " + "; ".join(why) + "; channel 3 (DPO) has no data and trains nothing"
+
 def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
              *, progress:bool=True, # progress bars and the printed summary
-            ) -> dict: # summary: paths, counts, cost, per-channel losses
+            ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
     "Ingest, replay, mine pairs, collate and train; write everything under `cfg.out/cfg.name`."
-    import warnings
+    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    cfg = DemoConfig() if cfg is None else cfg
+    if not isinstance(cfg, DemoConfig): raise TypeError(f"cfg must be a DemoConfig, got {type(cfg).__name__}")
+    t0 = time.perf_counter()
+    say = print if progress else (lambda *a, **k: None)
+    notes = []
+    def warn(msg): notes.append(msg); print(f"warning: {msg}", file=sys.stderr)
+
+    # Preflight: everything that depends on the world outside the config, before anything is written or paid for.
+    base, teachers = parse_teachers(cfg.teachers) if cfg.teachers is not None else (None, None)
+    if teachers is not None and base is None and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
+        raise _bad("teachers", "OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)", DemoInputError)
+    run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
+    if (why := _creatable(run)): raise _bad("out", why, DemoInputError)
+    session = Path(cfg.session) if cfg.session else SAMPLE_SESSION
+    ing = ClaudeCodeIngester()
+    try: stream = ing.ingest(session)                        # checks the path (as DemoConfig did)
+    except (FileNotFoundError, ValueError) as e: raise _bad("session", _one_line(e), DemoInputError) from e
+    try: states = list(stream)
+    except OSError as e: raise _bad("session", f"cannot read {session}: {e.strerror or e}", DemoInputError) from e
+    if not states:
+        st = ing.last_stats
+        raise _bad("session", f"no assistant turns in {session}: not Claude Code session JSONL ({st.n_records_total} records read, "
+                              f"{st.n_bad_json_lines} not JSON, skipped by type {st.skipped_record_types})", DemoInputError)
+    t_ingest = time.perf_counter() - t0
+    import warnings          # the heavy imports only now: a bad session or key is reported in a fraction of a second
     from transformers import TrainingArguments
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
     from composer_replication.hint_generator import dispatch
-    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
     from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace, save_pairs
     from composer_replication.testing.teacher_server import TeacherServer
     from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
-    cfg = cfg or DemoConfig()
-    t0 = time.time()
-    run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
-    run.mkdir(parents=True, exist_ok=True)
-    say = print if progress else (lambda *a, **k: None)
-
-    session = Path(cfg.session) if cfg.session else SAMPLE_SESSION
-    ing = ClaudeCodeIngester()
-    states = list(ing.ingest(session))
-    if not states: raise ValueError(f"no assistant turns found in {session}")
-    with (run/"states.jsonl").open("w") as f:
-        for s in states: f.write(json.dumps(s, ensure_ascii=False) + "\n")
-    say(f"[1/4] ingested {len(states)} states from {session.name} ({ing.last_stats.n_tool_errors} tool errors)")
-
-    journal = run/"teacher_calls.jsonl"
-    replay_kw = dict(max_total_usd=cfg.max_total_usd, journal=journal, progress=progress, max_tokens=512)
-    if cfg.teachers is None:
-        corrected = scripted_actions(states, SAMPLE_FIXES if session == SAMPLE_SESSION else None)
-        with TeacherServer(scripted_policies(states, corrected)) as server:
-            results = asyncio.run(replay_trace(states, SCRIPTED_TEACHERS, base_url=server.url, **replay_kw))
-        teacher_desc = "3 scripted teachers on the local server"
-    else:
-        base, teachers = parse_teachers(cfg.teachers)
-        results = asyncio.run(replay_trace(states, teachers, base_url=base, **replay_kw))
-        teacher_desc = f"{len(teachers)} teachers at {base or 'OpenRouter'}"
-    failed_calls = sum(r["error"] is not None for r in results)
-    if results and failed_calls == len(results):
-        raise RuntimeError(f"every teacher call failed (first error: {results[0]['error']}); the journal is {journal}")
-    pairs = extract_dpo_pairs(states, results, agreement_threshold=2)
-    save_pairs(pairs, run/"pairs.jsonl")
-    say(f"[2/4] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
-        f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
-
+    hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
     if cfg.model is None:
         from composer_replication.testing import tiny_causal_lm, tiny_tokenizer
         tok, model = tiny_tokenizer(), tiny_causal_lm(seed=cfg.seed)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        tok, model = AutoTokenizer.from_pretrained(cfg.model), AutoModelForCausalLM.from_pretrained(cfg.model)
+        try: tok, model = AutoTokenizer.from_pretrained(cfg.model), AutoModelForCausalLM.from_pretrained(cfg.model)
+        except (OSError, ValueError, KeyError) as e:   # what from_pretrained raises for a folder it cannot read
+            raise _bad("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e)[:300]}", DemoInputError) from e
+        if not getattr(tok, "chat_template", None): raise _bad("model", f"the tokenizer in {cfg.model} has no chat template", DemoInputError)
+    try: run.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise _bad("out", f"cannot create the run folder {run}: {e.strerror or e}", DemoInputError) from e
+    if not os.access(run, os.W_OK | os.X_OK): raise _bad("out", f"cannot write in the run folder {run}", DemoInputError)
+
+    say(f"[1/4] ingested {len(states)} states from {session.name} ({ing.last_stats.n_tool_errors} tool errors)")
+
+    t1 = time.perf_counter()
+    journal = run/"teacher_calls.jsonl"
+    replay_kw = dict(max_total_usd=cfg.max_total_usd, journal=journal, progress=progress, max_tokens=512)
+    try:
+        if teachers is None:
+            corrected = scripted_actions(states, SAMPLE_FIXES if session == SAMPLE_SESSION else None)
+            with TeacherServer(scripted_policies(states, corrected)) as server:
+                results = asyncio.run(replay_trace(states, SCRIPTED_TEACHERS, base_url=server.url, **replay_kw))
+            teacher_desc = "3 scripted teachers on the local server"
+        else:
+            results = asyncio.run(replay_trace(states, teachers, base_url=base, **replay_kw))
+            teacher_desc = f"{len(teachers)} teachers at {base or 'OpenRouter'}"
+    except ValueError as e:   # only the journal check is about the input; any other ValueError is a bug and propagates
+        if "belongs to another run" not in str(e): raise
+        raise _bad("name", f"the run folder {run} holds the replay journal of another run (other teachers or another session): "
+                           f"choose another --name, or delete {journal} to start over", DemoInputError) from e
+    with (run/"states.jsonl").open("w") as f:   # after the replay: a refused resume leaves the earlier run's files as they were
+        for s in states: f.write(json.dumps(s, ensure_ascii=False) + "\n")
+    failed_calls = sum(r["error"] is not None for r in results)
+    if results and failed_calls == len(results):
+        raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
+    pairs = extract_dpo_pairs(states, results, agreement_threshold=AGREEMENT_THRESHOLD)
+    save_pairs(pairs, run/"pairs.jsonl")
+    t_replay = time.perf_counter() - t1
+    say(f"[2/4] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
+        f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
+    if results.not_attempted and pairs: warn(f"the budget stopped the replay: {len(results.not_attempted)} teacher calls not attempted (raise --max-usd?)")
+    if not pairs: warn(_no_pairs_reason(results, failed_calls))
+
     examples = trace_examples_from_states(states, pairs=pairs, final_reward=None)
     collator = ComposerDataCollator(tok, CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
                                                         hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len))
@@ -193,15 +321,16 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     say(f"[3/4] collated {len(examples)} example(s): {probe['input_ids'].shape[1]} tokens, "
         f"{collator.stats['sdpo_targets']} SDPO targets, {probe.get('dpo_row', []).__len__()} DPO pairs")
 
-    hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
     args = TrainingArguments(output_dir=str(run/"checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=1, learning_rate=cfg.lr,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=not _cuda(), seed=cfg.seed,
                              disable_tqdm=True, lr_scheduler_type="constant")
     trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=collator,
                                      alpha_sdpo=cfg.alpha_sdpo, beta_replay=cfg.beta_replay)
     trainer.remove_callback(PrinterCallback)  # no dict per step on stdout; a bar with the channels instead
-    if progress: trainer.add_callback(_ChannelBar(cfg.steps))
+    if progress: trainer.add_callback(_channel_bar(cfg.steps))
+    t2 = time.perf_counter()
     trainer.train()
+    t_train = time.perf_counter() - t2
     metrics = [{"step": l["step"], **{k.split("/")[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l["loss"]}
                for l in trainer.state.log_history if "composer/total" in l]
     with (run/"metrics.jsonl").open("w") as f:
@@ -210,32 +339,39 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     if (run/"checkpoints").is_dir() and not any((run/"checkpoints").iterdir()): (run/"checkpoints").rmdir()
     _plot(metrics, list(results), states, run/"plots.png")
 
+    chans = ("lm_ce", "sdpo_jsd", "trace_replay_dpo")
     first, last = metrics[0], metrics[-1]
+    total = time.perf_counter() - t0
     summary = {"run": str(run), "session": str(session), "states": len(states), "teacher_calls": len(results),
                "failed_calls": failed_calls, "spent_usd": results.spent_usd, "pairs": len(pairs), "steps": cfg.steps,
-               "first": {k: first[k] for k in ("lm_ce", "sdpo_jsd", "trace_replay_dpo")},
-               "last": {k: last[k] for k in ("lm_ce", "sdpo_jsd", "trace_replay_dpo")},
-               "seconds": round(time.time() - t0, 1), "config": asdict(cfg),
+               "first": {k: first.get(k) for k in chans}, "last": {k: last.get(k) for k in chans},
+               "seconds": round(total, 1), "train_seconds": round(t_train, 1),
+               "timings": {"ingest_s": round(t_ingest, 2), "replay_s": round(t_replay, 2), "train_s": round(t_train, 2), "total_s": round(total, 2)},
+               "warnings": notes, "config": asdict(cfg),
                "files": {k: str(run/v) for k, v in (("states", "states.jsonl"), ("teacher_calls", "teacher_calls.jsonl"),
                          ("pairs", "pairs.jsonl"), ("metrics", "metrics.jsonl"), ("plots", "plots.png"), ("model", "model"))}}
     (run/"summary.json").write_text(json.dumps(summary, indent=2))
-    say(f"[4/4] trained {cfg.steps} steps in {summary['seconds']}s: " + ", ".join(
-        f"{k} {first[k]:.3f} -> {last[k]:.3f}" for k in ("lm_ce", "sdpo_jsd", "trace_replay_dpo")))
-    say(f"wrote {run}/: states.jsonl teacher_calls.jsonl pairs.jsonl metrics.jsonl summary.json plots.png model/")
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
+    say(f"[4/4] trained {cfg.steps} steps in {t_train:.1f}s: " + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(last.get(k))}" for k in chans))
+    say(f"wrote {run}/: states.jsonl teacher_calls.jsonl pairs.jsonl metrics.jsonl summary.json plots.png model/ "
+        f"(whole run {total:.1f}s: ingest {t_ingest:.1f}s, replay {t_replay:.1f}s, training {t_train:.1f}s)")
     return summary
 
-class _ChannelBar(TrainerCallback):
-    "A tqdm bar over optimizer steps showing the latest value of each channel."
-    def __init__(self, steps): self.steps, self.bar = steps, None
-    def on_train_begin(self, args, state, control, **kw):
-        from tqdm.auto import tqdm
-        self.bar = tqdm(total=self.steps, desc="train", unit="step")
-    def on_log(self, args, state, control, logs=None, **kw):
-        if self.bar is None or not logs or "composer/total" not in logs: return
-        self.bar.update(state.global_step - self.bar.n)
-        self.bar.set_postfix({k.split("/")[1]: f"{v:.3f}" for k, v in logs.items() if k.startswith("composer/") and k != "composer/total"})
-    def on_train_end(self, args, state, control, **kw):
-        if self.bar is not None: self.bar.close()
+def _channel_bar(steps:int):
+    "A TrainerCallback: a tqdm bar over optimizer steps showing the latest value of each channel (transformers imported here)."
+    from transformers import TrainerCallback
+    class _ChannelBar(TrainerCallback):
+        def __init__(self, steps): self.steps, self.bar = steps, None
+        def on_train_begin(self, args, state, control, **kw):
+            from tqdm.auto import tqdm
+            self.bar = tqdm(total=self.steps, desc="train", unit="step")
+        def on_log(self, args, state, control, logs=None, **kw):
+            if self.bar is None or not logs or "composer/total" not in logs: return
+            self.bar.update(state.global_step - self.bar.n)
+            self.bar.set_postfix({k.split("/")[1]: f"{v:.3f}" for k, v in logs.items() if k.startswith("composer/") and k != "composer/total"})
+        def on_train_end(self, args, state, control, **kw):
+            if self.bar is not None: self.bar.close()
+    return _ChannelBar(steps)
 
 def _cuda():
     import torch

@@ -5,10 +5,13 @@
 # %% ../nbs/07_batch.ipynb #83a3f257
 from __future__ import annotations
 
+from collections import abc
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from .opsd import _as_device
 
 # %% auto #0
 __all__ = ['SYSTEM', 'VARIANTS', 'build_batch']
@@ -47,10 +50,17 @@ def _render(tokenizer, user, response):
     msgs = [dict(role="system", content=SYSTEM), dict(role="user", content=user)]
     prompt = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(msgs + [dict(role="assistant", content=response)], tokenize=False)
+    if not isinstance(prompt, str) or not isinstance(full, str):
+        raise TypeError(f"tokenizer.apply_chat_template(..., tokenize=False) must return a str, got {type(full).__name__}")
     if not full.startswith(prompt):
         raise ValueError("the tokenizer's chat template is not prefix-stable at the assistant turn: the rendered "
                          "conversation does not start with the rendered prompt + generation header")
-    enc = lambda s: list(tokenizer(s, add_special_tokens=False)["input_ids"])
+    def enc(s):
+        out = tokenizer(s, add_special_tokens=False)
+        ids = out.get("input_ids") if isinstance(out, abc.Mapping) or hasattr(out, "get") else None
+        if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+            raise TypeError("tokenizer(text, add_special_tokens=False) must return a mapping whose 'input_ids' is a list of token ids >= 0")
+        return list(ids)
     return enc(prompt), enc(full[len(prompt):])
 
 def _pad(rows, pad_id):
@@ -65,17 +75,24 @@ def _pad(rows, pad_id):
 def build_batch(
     tokenizer:Any, # HF tokenizer (duck-typed): apply_chat_template(...) and __call__
     *,
-    device:torch.device|str="cpu", # where every returned tensor lives
-    seed:int=42, # seeds the dummy reference log-probs
+    device:torch.device|str="cpu", # where every returned tensor lives (a torch.device or a string such as "cuda:0")
+    seed:int=42, # seeds the dummy reference log-probs (an int >= 0)
     variant:str="factorial", # "factorial" or "binary_search"
     align_sdpo_shapes:bool=False, # truncate/pad the teacher rows to T_s with the responses aligned positionwise
 )->dict[str, Tensor]:
     "A two-row batch with every key `compose_loss` reads (LM-CE, SDPO, trace-replay DPO), from a real chat template."
-    if variant not in VARIANTS: raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
+    if not isinstance(variant, str) or variant not in VARIANTS: raise ValueError(f"variant must be one of {tuple(VARIANTS)}, got {variant!r}")
     if not callable(tokenizer) or not hasattr(tokenizer, "apply_chat_template"):
         raise TypeError("tokenizer must be a Hugging Face tokenizer (callable, with apply_chat_template)")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
+    if not isinstance(align_sdpo_shapes, bool): raise TypeError(f"align_sdpo_shapes must be a bool, got {type(align_sdpo_shapes).__name__}")
+    device = _as_device(device)
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None: pad_id = getattr(tokenizer, "eos_token_id", None)
     if pad_id is None: pad_id = 0
+    if isinstance(pad_id, bool) or not isinstance(pad_id, int) or pad_id < 0:
+        raise ValueError(f"tokenizer.pad_token_id (or eos_token_id) must be a token id >= 0, got {pad_id!r}")
     student, teacher, chosen, rejected, lengths = [], [], [], [], []
     for ex in VARIANTS[variant]:
         p_s, resp = _render(tokenizer, ex["user"], ex["chosen"])

@@ -5,7 +5,9 @@
 # %% ../nbs/06_loss.ipynb #08aa3dc0
 from __future__ import annotations
 
+import math
 import warnings
+from collections import abc
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,9 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .opsd import generalized_jsd_loss, linear_generalized_jsd_loss
+from .opsd import (
+    generalized_jsd_loss, linear_generalized_jsd_loss, _check_same, _check_tensor, _number, _value_range)
 from .distillation import (simpo_loss, avg_sequence_logprob, taid_loss, entropy_aware_opd_loss)
-from .distillation.taid import _check_t
+from .distillation.simpo import _check_logps
+from .distillation.taid import _check_t, _taid_per_token
+from .distillation.entropy_aware_opd import _eopd_per_token, _h_max
 
 # %% auto #0
 __all__ = ['SDPO_KEYS', 'DPO_KEYS', 'DPO_REF_KEYS', 'dpo_loss', 'token_logprobs', 'sequence_logprobs', 'linear_cross_entropy',
@@ -29,28 +34,36 @@ def dpo_loss(
     ref_chosen_logps:Tensor, # (B,) precomputed, under the reference model
     ref_rejected_logps:Tensor, # (B,) precomputed, under the reference model
     *,
-    beta:float=0.1, # inverse temperature of the implicit reward
+    beta:float=0.1, # inverse temperature of the implicit reward, > 0
 )->Tensor: # scalar mean over pairs (0 for an empty batch)
     "Sigmoid DPO loss with precomputed reference log-probabilities (Rafailov et al., 2023)."
-    xs = dict(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
-              ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    for k, v in xs.items():
-        if not isinstance(v, Tensor): raise TypeError(f"{k} must be a tensor, got {type(v).__name__}")
-        if v.shape != policy_chosen_logps.shape or v.dim() != 1:
-            raise ValueError(f"{k} has shape {tuple(v.shape)}; all four log-prob tensors must be (B,) "
-                             f"like policy_chosen_logps {tuple(policy_chosen_logps.shape)}")
+    _check_logps(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
+                 ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
+    if not 0 < _number(beta, "beta") < math.inf: raise ValueError(f"beta must be > 0 (and finite), got {beta}")
     logits = (policy_chosen_logps - ref_chosen_logps.detach()) - (policy_rejected_logps - ref_rejected_logps.detach())
     losses = -F.logsigmoid(beta * logits)
     return losses.sum() / max(losses.numel(), 1)
 
 # %% ../nbs/06_loss.ipynb #d58ebc63
+def _check_int_tensor(x, name, what="token ids"):
+    "A TypeError naming `name` unless `x` is an integer (not bool) tensor."
+    _check_tensor(x, name)
+    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
+        raise TypeError(f"{name} must be an integer tensor of {what}, got dtype {x.dtype}")
+
 def token_logprobs(
     logits:Tensor, # (B, T, V) model outputs
-    input_ids:Tensor, # (B, T) the tokens the logits were computed on
+    input_ids:Tensor, # (B, T) the tokens the logits were computed on, integer ids in [0, V)
 )->Tensor: # (B, T-1): log-prob of input_ids[:, 1:] given the prefix
     "Log-probability of each next token: logits[:, t] scored at input_ids[:, t+1]."
+    _check_tensor(logits, "logits", floating=True); _check_int_tensor(input_ids, "input_ids")
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(f"logits {tuple(logits.shape)} must be (B, T, V) over input_ids {tuple(input_ids.shape)}")
+    if input_ids.device != logits.device: raise ValueError(f"input_ids is on {input_ids.device} but logits on {logits.device}")
+    V = logits.shape[-1]
+    if input_ids.numel():
+        lo, hi = _value_range(input_ids)
+        if lo < 0 or hi >= V: raise ValueError(f"input_ids must be token ids in [0, {V}), got values in [{lo}, {hi}]")
     z = logits[:, :-1]
     return z.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(z, -1)
 
@@ -61,6 +74,7 @@ def sequence_logprobs(
     average:bool=False, # True: mean over response tokens (SimPO), False: sum (DPO)
 )->Tensor: # (B,)
     "Summed (or averaged) log-probability of each row's response tokens."
+    _check_tensor(response_mask, "response_mask"); _check_tensor(input_ids, "input_ids")
     if response_mask.shape != input_ids.shape:
         raise ValueError(f"response_mask {tuple(response_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
     lp, m = token_logprobs(logits, input_ids), response_mask[:, 1:]
@@ -70,13 +84,15 @@ def sequence_logprobs(
 def _acc_dtype(x): return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 def _check_linear(hidden, weight, targets, chunk_size, t_name="targets"):
-    if not all(isinstance(x, Tensor) for x in (hidden, weight, targets)):
-        raise TypeError(f"hidden, weight and {t_name} must be tensors")
+    _check_tensor(hidden, "hidden", floating=True); _check_tensor(weight, "weight", floating=True)
+    _check_int_tensor(targets, t_name, "target ids")
     if hidden.dim() < 2: raise ValueError(f"hidden must be (N, d) or (B, T, d), got {tuple(hidden.shape)}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be (V, d) with d={hidden.shape[-1]}, got {tuple(weight.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1] or weight.shape[0] == 0:
+        raise ValueError(f"weight must be (V, d) with V >= 1 and d={hidden.shape[-1]}, got {tuple(weight.shape)}")
+    _check_same(dict(hidden=hidden, weight=weight), "hidden")
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"{t_name} {tuple(targets.shape)} must match hidden's token shape {tuple(hidden.shape[:-1])}")
+    if targets.device != hidden.device: raise ValueError(f"{t_name} is on {targets.device} but hidden on {hidden.device}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
@@ -84,8 +100,10 @@ def _valid_rows(hidden, targets, ignore_index, vocab):
     h, y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     valid = y != ignore_index
     h, y = h[valid], y[valid]
-    if y.numel() and (int(y.min()) < 0 or int(y.max()) >= vocab):
-        raise ValueError(f"targets must be in [0, {vocab}) or ignore_index={ignore_index}, got values in [{int(y.min())}, {int(y.max())}]")
+    if y.numel():
+        lo, hi = _value_range(y)
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"targets must be in [0, {vocab}) or ignore_index={ignore_index}, got values in [{lo}, {hi}]")
     return h, y, valid
 
 # %% ../nbs/06_loss.ipynb #a76a4d1f
@@ -137,7 +155,8 @@ def linear_cross_entropy(
     "`F.cross_entropy(hidden @ weight.T, targets)` computed chunk by chunk over tokens."
     _check_linear(hidden, weight, targets, chunk_size)
     if reduction not in ("mean", "sum"): raise ValueError(f'reduction must be "mean" or "sum", got {reduction!r}')
-    if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not 0.0 <= _number(label_smoothing, "label_smoothing") <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int): raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     h, y, _ = _valid_rows(hidden, targets, ignore_index, weight.shape[0])
     scale = 1.0 / max(y.numel(), 1) if reduction == "mean" else 1.0
     return _LinearCE.apply(h, weight, y, float(label_smoothing), chunk_size, scale, torch.is_grad_enabled())
@@ -189,6 +208,7 @@ def linear_token_logprobs(
 )->Tensor: # same shape as targets
     "log softmax(hidden @ weight.T)[targets], computed chunk by chunk over tokens."
     _check_linear(hidden, weight, targets, chunk_size)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int): raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     h, y, valid = _valid_rows(hidden, targets, ignore_index, weight.shape[0])
     lp = _LinearTokenLogprobs.apply(h, weight, y, chunk_size)
     return lp.new_zeros(valid.shape).masked_scatter(valid, lp).reshape(targets.shape)
@@ -233,6 +253,7 @@ def sdpo_alignment(
     teacher_mask:Tensor, # (B, T_t) 1 on the teacher's corresponding target tokens
 )->tuple[Tensor, Tensor, Tensor]: # (rows, student_pos, teacher_pos), each (N,): the *predicting* positions
     "Pair the k-th marked student target with the k-th marked teacher target in each row."
+    _check_tensor(student_mask, "sdpo_student_mask"); _check_tensor(teacher_mask, "sdpo_loss_mask")
     if student_mask.dim() != 2 or teacher_mask.dim() != 2 or student_mask.shape[0] != teacher_mask.shape[0]:
         raise ValueError(f"sdpo_student_mask {tuple(student_mask.shape)} and sdpo_loss_mask {tuple(teacher_mask.shape)} "
                          "must both be (B, T) with the same B")
@@ -291,39 +312,105 @@ def _final_hidden(model, kw):
     return model(**kw, output_hidden_states=True).hidden_states[-1]
 
 def _check_shape(inputs, key, shape):
-    if tuple(inputs[key].shape) != tuple(shape):
-        raise ValueError(f"inputs[{key!r}] has shape {tuple(inputs[key].shape)}, expected {tuple(shape)}")
+    v = inputs[key]
+    if not isinstance(v, Tensor): raise TypeError(f"inputs[{key!r}] must be a torch.Tensor, got {type(v).__name__}")
+    if tuple(v.shape) != tuple(shape):
+        raise ValueError(f"inputs[{key!r}] has shape {tuple(v.shape)}, expected {tuple(shape)}")
+
+def _model_vocab(model):
+    "Rows of the model's input embedding (else `config.vocab_size`), or None when the model does not say."
+    try: n = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    except (AttributeError, NotImplementedError): n = None
+    if not isinstance(n, int): n = getattr(getattr(model, "config", None), "vocab_size", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+def _check_ids(x, name, vocab):
+    "Token ids: an integer (B, T) tensor with at least one row and one token, values in [0, vocab) (when `vocab` is known)."
+    _check_int_tensor(x, name)
+    if x.dim() != 2: raise ValueError(f"{name} must be (B, T), got {tuple(x.shape)}")
+    if x.numel() == 0: raise ValueError(f"{name} is empty, shape {tuple(x.shape)}: a batch needs at least one row and one token")
+    lo, hi = _value_range(x)  # one (B, T) min/max: cheap, and an embedding lookup out of range would be a kernel error
+    if lo < 0 or (vocab is not None and hi >= vocab):
+        raise ValueError(f"{name} must be token ids in [0, {'V' if vocab is None else vocab}), got values in [{lo}, {hi}]")
+
+def _check_inputs(inputs, vocab, *keys):
+    "`inputs` a dict; each of `keys` present and valid (B, T) token ids, with any attention mask of the same shape."
+    if not isinstance(inputs, abc.Mapping): raise TypeError(f"inputs must be a dict of tensors, got {type(inputs).__name__}")
+    for k in keys:
+        if inputs.get(k) is None: raise ValueError(f"inputs is missing the required key {k!r}")
+        _check_ids(inputs[k], f"inputs[{k!r}]", vocab)
+        m = _ATTENTION[k]
+        if inputs.get(m) is not None: _check_shape(inputs, m, inputs[k].shape)
+
+_ATTENTION = {"input_ids": "attention_mask", "ctx_teacher_input_ids": "ctx_teacher_attention_mask",
+              "dpo_chosen_input_ids": "dpo_chosen_attention_mask", "dpo_rejected_input_ids": "dpo_rejected_attention_mask"}
+
+def _sdpo_inputs(inputs, vocab):
+    "Whether the batch has SDPO inputs (all checked when it has): teacher ids (B, T_t) with their masks, the student mask."
+    if not all(inputs.get(k) is not None for k in SDPO_KEYS): return False
+    _check_inputs(inputs, vocab, "input_ids", "ctx_teacher_input_ids")
+    B, t_ids = inputs["input_ids"].shape[0], inputs["ctx_teacher_input_ids"]
+    if t_ids.shape[0] != B: raise ValueError(f"inputs['ctx_teacher_input_ids'] must be (B={B}, T_t), got {tuple(t_ids.shape)}")
+    _check_shape(inputs, "sdpo_loss_mask", t_ids.shape)
+    if inputs.get("sdpo_student_mask") is not None: _check_shape(inputs, "sdpo_student_mask", inputs["input_ids"].shape)
+    return True
+
+def _replay_inputs(inputs, vocab, dpo_variant):
+    "Whether the batch has (complete) preference pairs (all checked when it has): ids, masks, and (P,) reference log-probs for DPO."
+    need = DPO_KEYS + (DPO_REF_KEYS if dpo_variant == "dpo" else ())
+    if not all(inputs.get(k) is not None for k in need): return False
+    _check_inputs(inputs, vocab, "dpo_chosen_input_ids", "dpo_rejected_input_ids")
+    for side in ("chosen", "rejected"): _check_shape(inputs, f"dpo_{side}_response_mask", inputs[f"dpo_{side}_input_ids"].shape)
+    P, Pr = inputs["dpo_chosen_input_ids"].shape[0], inputs["dpo_rejected_input_ids"].shape[0]
+    if Pr != P: raise ValueError(f"inputs['dpo_rejected_input_ids'] has {Pr} rows but inputs['dpo_chosen_input_ids'] {P}: one of each per pair")
+    if dpo_variant == "dpo":
+        for k in DPO_REF_KEYS:
+            _check_tensor(inputs[k], f"inputs[{k!r}]", floating=True)
+            if tuple(inputs[k].shape) != (P,):
+                raise ValueError(f"inputs[{k!r}] has shape {tuple(inputs[k].shape)}, expected ({P},): one reference log-prob per pair")
+    return True
 
 # %% ../nbs/06_loss.ipynb #a3d4ece5
-def _check_options(dpo_variant="dpo", sdpo_wrapper="none", taid_t=None, chunk_size=None):
+_KNOBS = {  # numeric options of compose_loss and the channel functions: (low, low allowed, high, high allowed, None allowed)
+    "alpha_sdpo": (0, True, math.inf, False, False), "beta_replay": (0, True, math.inf, False, False),
+    "sdpo_jsd_beta": (0, True, 1, True, False), "sdpo_temperature": (0, False, math.inf, False, False),
+    "sdpo_token_clip": (0, True, math.inf, True, True), "replay_dpo_beta": (0, False, math.inf, False, False),
+    "lm_ce_label_smoothing": (0, True, 1, False, False), "simpo_beta": (0, False, math.inf, False, False),
+    "simpo_gamma": (-math.inf, False, math.inf, False, False), "entropy_opd_h_max": (0, False, math.inf, False, True)}
+
+def _check_knobs(**knobs):
+    "Each named option a real number (or None where allowed) inside its interval; the error names it and the interval."
+    for k, v in knobs.items():
+        lo, lo_in, hi, hi_in, none_ok = _KNOBS[k]
+        x = _number(v, k, none_ok=none_ok)
+        if x is None: continue
+        if not ((lo <= x if lo_in else lo < x) and (x <= hi if hi_in else x < hi)):
+            raise ValueError(f"{k} must be in {'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+                             f"{' or None' if none_ok else ''}, got {v}")
+
+def _check_options(dpo_variant="dpo", sdpo_wrapper="none", taid_t=None, chunk_size=None, **knobs):
     if dpo_variant not in ("dpo", "simpo"): raise ValueError(f'dpo_variant must be "dpo" or "simpo", got {dpo_variant!r}')
     if sdpo_wrapper not in ("none", "taid", "entropy_opd"):
         raise ValueError(f'sdpo_wrapper must be "none", "taid" or "entropy_opd", got {sdpo_wrapper!r}')
     if sdpo_wrapper == "taid":
         if taid_t is None: raise ValueError('sdpo_wrapper="taid" requires taid_t (a float in [0, 1], e.g. from TAIDScheduler.t)')
-        _check_t(taid_t)
+        _check_t(taid_t, "taid_t")
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
+    _check_knobs(**knobs)
+
+def _check_model(model):
+    if not callable(model): raise TypeError(f"model must be a causal LM (a callable torch.nn.Module), got {type(model).__name__}")
 
 def _forward(model, inputs, ids_key, mask_key, chunk_size):
     "(B, T, d) final hidden states when chunked, else (B, T, V) logits."
     kw = _fwd_kwargs(inputs, ids_key, mask_key)
-    return _final_hidden(model, kw) if chunk_size is not None else model(**kw).logits
+    if chunk_size is not None: return _final_hidden(model, kw)
+    logits = getattr(model(**kw), "logits", None)
+    if not isinstance(logits, Tensor): raise TypeError("model(input_ids=...) must return an object with a .logits tensor (an HF causal LM)")
+    return logits
 
-def model_sequence_logprobs(
-    model:torch.nn.Module, # HF causal LM
-    input_ids:Tensor, # (B, T)
-    response_mask:Tensor, # (B, T) 1 on the response tokens that count
-    *,
-    attention_mask:Tensor|None=None, # (B, T) padding mask
-    average:bool=False, # mean over response tokens (SimPO) instead of the sum (DPO)
-    chunk_size:int|None=None, # score from hidden states chunk by chunk (never all logits)
-)->Tensor: # (B,)
-    "A model's summed (or averaged) log-probability of each row's response tokens."
-    _check_options(chunk_size=chunk_size)
-    if input_ids.dim() != 2: raise ValueError(f"input_ids must be (B, T), got {tuple(input_ids.shape)}")
-    if response_mask.shape != input_ids.shape:
-        raise ValueError(f"response_mask {tuple(response_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+def _sequence_logprobs(model, input_ids, response_mask, attention_mask, average, chunk_size):
     o = _forward(model, {"input_ids": input_ids, "attention_mask": attention_mask}, "input_ids", "attention_mask", chunk_size)
     m = response_mask[:, 1:]
     if chunk_size is not None:
@@ -331,6 +418,59 @@ def model_sequence_logprobs(
     else:
         lp = token_logprobs(o, input_ids)
     return avg_sequence_logprob(lp, m) if average else (lp * m.to(lp.dtype)).sum(-1)
+
+def model_sequence_logprobs(
+    model:torch.nn.Module, # HF causal LM
+    input_ids:Tensor, # (B, T) integer token ids in [0, V)
+    response_mask:Tensor, # (B, T) 1 on the response tokens that count
+    *,
+    attention_mask:Tensor|None=None, # (B, T) padding mask
+    average:bool=False, # mean over response tokens (SimPO) instead of the sum (DPO)
+    chunk_size:int|None=None, # score from hidden states chunk by chunk (never all logits)
+)->Tensor: # (B,)
+    "A model's summed (or averaged) log-probability of each row's response tokens."
+    _check_options(chunk_size=chunk_size); _check_model(model)
+    _check_ids(input_ids, "input_ids", _model_vocab(model))
+    for name, m in (("response_mask", response_mask), ("attention_mask", attention_mask)):
+        if m is None and name == "attention_mask": continue
+        _check_tensor(m, name)
+        if m.shape != input_ids.shape: raise ValueError(f"{name} {tuple(m.shape)} must match input_ids {tuple(input_ids.shape)}")
+    if not isinstance(average, bool): raise TypeError(f"average must be a bool, got {type(average).__name__}")
+    return _sequence_logprobs(model, input_ids, response_mask, attention_mask, average, chunk_size)
+
+def _sdpo_loss(model, inputs, student_out, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t,
+               entropy_opd_h_max, chunk_size):
+    "Channel 2 on checked inputs."
+    ids, t_ids, t_mask = inputs["input_ids"], inputs["ctx_teacher_input_ids"], inputs["sdpo_loss_mask"]
+    s_mask = inputs.get("sdpo_student_mask")
+    if s_mask is None:
+        if t_ids.shape != ids.shape:
+            warnings.warn(f"SDPO skipped: ctx_teacher_input_ids {tuple(t_ids.shape)} and input_ids {tuple(ids.shape)} differ in "
+                          "shape and no sdpo_student_mask aligns them")
+            return None
+        s_mask = t_mask  # reference behaviour: positionwise when shapes match
+    rows, s_pos, t_pos = sdpo_alignment(s_mask, t_mask)
+    out = student_out if student_out is not None else _forward(model, inputs, "input_ids", "attention_mask", chunk_size)
+    with torch.no_grad(): t_out = _forward(model, inputs, "ctx_teacher_input_ids", "ctx_teacher_attention_mask", chunk_size)
+    s_al, t_al = out[rows, s_pos], t_out[rows, t_pos]  # (N, d) hidden or (N, V) logits
+    n = s_al.shape[0]
+    if chunk_size is None:  # the reference path: the public losses, safe for masked (-inf) logits
+        if sdpo_wrapper == "none":
+            return generalized_jsd_loss(s_al, t_al, beta=sdpo_jsd_beta, temperature=sdpo_temperature, token_clip=sdpo_token_clip)
+        if sdpo_wrapper == "taid": return taid_loss(s_al, t_al, t=taid_t)
+        return entropy_aware_opd_loss(s_al, t_al, h_max=entropy_opd_h_max, temperature=sdpo_temperature)
+    W = _lm_head_weight(model)
+    if sdpo_wrapper == "none":
+        return linear_generalized_jsd_loss(s_al, t_al, W, beta=sdpo_jsd_beta, temperature=sdpo_temperature,
+                                           token_clip=sdpo_token_clip, chunk_size=chunk_size, teacher_weight=W.detach())
+    # h @ W.T is finite, so the per-chunk kernels skip the guards for masked logits
+    if sdpo_wrapper == "taid":
+        tv = float(taid_t)
+        fn = lambda zs, zt: _taid_per_token(zs, zt, tv, tv, finite=True).sum()
+    else:
+        h_max, tau = _h_max(entropy_opd_h_max, W.shape[0]), float(sdpo_temperature)
+        fn = lambda zs, zt: _eopd_per_token(zs, zt, h_max, tau, finite=True).sum()
+    return _LinearPairLoss.apply(s_al, t_al.detach(), W, fn, chunk_size, 1.0 / max(n, 1), torch.is_grad_enabled())
 
 def sdpo_channel_loss(
     model:torch.nn.Module, # HF causal LM (student and, under no_grad, teacher)
@@ -342,35 +482,27 @@ def sdpo_channel_loss(
     chunk_size:int|None=None,
 )->Tensor|None: # () the SDPO loss, or None when the batch has no SDPO inputs (or they cannot be aligned)
     "Channel 2: the student pulled towards the hint-conditioned teacher (same model, no_grad) at the aligned target tokens."
-    _check_options(sdpo_wrapper=sdpo_wrapper, taid_t=taid_t, chunk_size=chunk_size)
-    if not all(inputs.get(k) is not None for k in SDPO_KEYS): return None
-    ids, t_ids, t_mask = inputs["input_ids"], inputs["ctx_teacher_input_ids"], inputs["sdpo_loss_mask"]
-    B = ids.shape[0]
-    if t_ids.dim() != 2 or t_ids.shape[0] != B:
-        raise ValueError(f"inputs['ctx_teacher_input_ids'] must be (B={B}, T_t), got {tuple(t_ids.shape)}")
-    _check_shape(inputs, "sdpo_loss_mask", t_ids.shape)
-    s_mask = inputs.get("sdpo_student_mask")
-    if s_mask is not None: _check_shape(inputs, "sdpo_student_mask", ids.shape)
-    elif t_ids.shape == ids.shape: s_mask = t_mask  # reference behaviour: positionwise when shapes match
-    else:
-        warnings.warn(f"SDPO skipped: ctx_teacher_input_ids {tuple(t_ids.shape)} and input_ids {tuple(ids.shape)} differ in "
-                      "shape and no sdpo_student_mask aligns them")
-        return None
-    rows, s_pos, t_pos = sdpo_alignment(s_mask, t_mask)
-    out = student_out if student_out is not None else _forward(model, inputs, "input_ids", "attention_mask", chunk_size)
-    with torch.no_grad(): t_out = _forward(model, inputs, "ctx_teacher_input_ids", "ctx_teacher_attention_mask", chunk_size)
-    s_al, t_al = out[rows, s_pos], t_out[rows, t_pos]  # (N, d) hidden or (N, V) logits
-    n = s_al.shape[0]
-    W = _lm_head_weight(model) if chunk_size is not None else None
-    if sdpo_wrapper == "none":
-        if chunk_size is not None:
-            return linear_generalized_jsd_loss(s_al, t_al, W, beta=sdpo_jsd_beta, temperature=sdpo_temperature,
-                                               token_clip=sdpo_token_clip, chunk_size=chunk_size, teacher_weight=W.detach())
-        return generalized_jsd_loss(s_al, t_al, beta=sdpo_jsd_beta, temperature=sdpo_temperature, token_clip=sdpo_token_clip)
-    if sdpo_wrapper == "taid": fn = lambda zs, zt: taid_loss(zs, zt, t=taid_t) * zs.shape[0]
-    else: fn = lambda zs, zt: entropy_aware_opd_loss(zs, zt, h_max=entropy_opd_h_max, temperature=sdpo_temperature, reduction="sum")
-    if chunk_size is not None: return _LinearPairLoss.apply(s_al, t_al.detach(), W, fn, chunk_size, 1.0 / max(n, 1), torch.is_grad_enabled())
-    return fn(s_al, t_al) / max(n, 1)
+    _check_options(sdpo_wrapper=sdpo_wrapper, taid_t=taid_t, chunk_size=chunk_size, sdpo_jsd_beta=sdpo_jsd_beta,
+                   sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip, entropy_opd_h_max=entropy_opd_h_max)
+    _check_model(model)
+    if not isinstance(inputs, abc.Mapping): raise TypeError(f"inputs must be a dict of tensors, got {type(inputs).__name__}")
+    if not _sdpo_inputs(inputs, _model_vocab(model)): return None
+    if student_out is not None:
+        _check_tensor(student_out, "student_out", floating=True)
+        B, T = inputs["input_ids"].shape
+        if student_out.dim() != 3 or tuple(student_out.shape[:2]) != (B, T):
+            raise ValueError(f"student_out must be ({B}, {T}, V) logits (or ({B}, {T}, d) hidden states when chunked), got {tuple(student_out.shape)}")
+    return _sdpo_loss(model, inputs, student_out, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t,
+                      entropy_opd_h_max, chunk_size)
+
+def _replay_loss(model, inputs, replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size):
+    "Channel 3 on checked inputs."
+    pc, pr = (_sequence_logprobs(model, inputs[f"dpo_{side}_input_ids"], inputs[f"dpo_{side}_response_mask"],
+                                 inputs.get(f"dpo_{side}_attention_mask"), dpo_variant == "simpo", chunk_size)
+              for side in ("chosen", "rejected"))
+    if dpo_variant == "simpo": return simpo_loss(pc, pr, beta=simpo_beta, gamma=simpo_gamma)
+    rc, rr = inputs["dpo_chosen_ref_logprobs"], inputs["dpo_rejected_ref_logprobs"]
+    return dpo_loss(pc, pr, rc.to(pc.device, pc.dtype), rr.to(pc.device, pc.dtype), beta=replay_dpo_beta)
 
 def replay_channel_loss(
     model:torch.nn.Module, # HF causal LM (the policy)
@@ -380,19 +512,12 @@ def replay_channel_loss(
     chunk_size:int|None=None,
 )->Tensor|None: # () the DPO/SimPO loss, or None when the batch has no (complete) pairs
     "Channel 3: trace-replay DPO with precomputed reference log-probs, or reference-free SimPO."
-    _check_options(dpo_variant=dpo_variant, chunk_size=chunk_size)
-    need = DPO_KEYS + (DPO_REF_KEYS if dpo_variant == "dpo" else ())
-    if not all(inputs.get(k) is not None for k in need): return None
-    def seq_logps(side):
-        key, mkey = f"dpo_{side}_input_ids", f"dpo_{side}_response_mask"
-        if inputs[key].dim() != 2: raise ValueError(f"inputs[{key!r}] must be (B, T), got {tuple(inputs[key].shape)}")
-        _check_shape(inputs, mkey, inputs[key].shape)
-        return model_sequence_logprobs(model, inputs[key], inputs[mkey], attention_mask=inputs.get(f"dpo_{side}_attention_mask"),
-                                       average=dpo_variant == "simpo", chunk_size=chunk_size)
-    pc, pr = seq_logps("chosen"), seq_logps("rejected")
-    if dpo_variant == "simpo": return simpo_loss(pc, pr, beta=simpo_beta, gamma=simpo_gamma)
-    rc, rr = inputs["dpo_chosen_ref_logprobs"], inputs["dpo_rejected_ref_logprobs"]
-    return dpo_loss(pc, pr, rc.to(pc.dtype), rr.to(pc.dtype), beta=replay_dpo_beta)
+    _check_options(dpo_variant=dpo_variant, chunk_size=chunk_size, replay_dpo_beta=replay_dpo_beta, simpo_beta=simpo_beta,
+                   simpo_gamma=simpo_gamma)
+    _check_model(model)
+    if not isinstance(inputs, abc.Mapping): raise TypeError(f"inputs must be a dict of tensors, got {type(inputs).__name__}")
+    if not _replay_inputs(inputs, _model_vocab(model), dpo_variant): return None
+    return _replay_loss(model, inputs, replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size)
 
 # %% ../nbs/06_loss.ipynb #7e338bbf
 def compose_loss(
@@ -405,7 +530,7 @@ def compose_loss(
     sdpo_temperature:float=1.0, # softmax temperature in SDPO (JSD and entropy_opd)
     sdpo_token_clip:float|None=None, # per-token JSD clamp
     replay_dpo_beta:float=0.1, # DPO beta
-    lm_ce_label_smoothing:float=0.0, # label smoothing of channel 1
+    lm_ce_label_smoothing:float=0.0, # label smoothing of channel 1, in [0, 1)
     dpo_variant:Literal["dpo", "simpo"]="dpo", # channel-3 algorithm
     sdpo_wrapper:Literal["none", "taid", "entropy_opd"]="none", # channel-2 criterion
     taid_t:float|None=None, # TAID interpolation coefficient in [0, 1]; required with sdpo_wrapper="taid"
@@ -415,13 +540,18 @@ def compose_loss(
     chunk_size:int|None=None, # None: full logits; int: every channel chunked over tokens from hidden states
 )->LossComponents:
     "total = lm_ce + alpha_sdpo * sdpo + beta_replay * replay, each channel skipped when its inputs are missing or its weight is 0."
-    _check_options(dpo_variant, sdpo_wrapper, taid_t, chunk_size)
-    if alpha_sdpo < 0 or beta_replay < 0: raise ValueError(f"alpha_sdpo and beta_replay must be >= 0, got {alpha_sdpo}, {beta_replay}")
-    for k in ("input_ids", "response_mask"):
-        if k not in inputs: raise ValueError(f"inputs is missing the required key {k!r}")
+    knobs = dict(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta, sdpo_temperature=sdpo_temperature,
+                 sdpo_token_clip=sdpo_token_clip, replay_dpo_beta=replay_dpo_beta, lm_ce_label_smoothing=lm_ce_label_smoothing,
+                 simpo_beta=simpo_beta, simpo_gamma=simpo_gamma, entropy_opd_h_max=entropy_opd_h_max)
+    _check_options(dpo_variant, sdpo_wrapper, taid_t, chunk_size, **knobs); _check_model(model)
+    # every input of every active channel is checked before the first forward pass
+    vocab = _model_vocab(model)
+    _check_inputs(inputs, vocab, "input_ids")
+    if inputs.get("response_mask") is None: raise ValueError("inputs is missing the required key 'response_mask'")
     ids = inputs["input_ids"]
-    if ids.dim() != 2: raise ValueError(f"inputs['input_ids'] must be (B, T), got {tuple(ids.shape)}")
     _check_shape(inputs, "response_mask", ids.shape)
+    do_sdpo = alpha_sdpo != 0 and _sdpo_inputs(inputs, vocab)
+    do_replay = beta_replay != 0 and _replay_inputs(inputs, vocab, dpo_variant)
     if chunk_size is not None: _lm_head_weight(model)  # refuse unsupported heads before any forward
 
     # channel 1: the student forward, shared with channel 2
@@ -432,16 +562,14 @@ def compose_loss(
     else:
         z = out[:, :-1]
         lm_ce = F.cross_entropy(z.reshape(-1, z.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum",
-                                label_smoothing=lm_ce_label_smoothing) / (targets != -100).sum().clamp_min(1)
+                                label_smoothing=float(lm_ce_label_smoothing)) / (targets != -100).sum().clamp_min(1)
     zero = torch.zeros((), dtype=lm_ce.dtype, device=lm_ce.device)
     sdpo = replay = None
-    if alpha_sdpo != 0:
-        sdpo = sdpo_channel_loss(model, inputs, student_out=out, sdpo_jsd_beta=sdpo_jsd_beta, sdpo_temperature=sdpo_temperature,
-                                 sdpo_token_clip=sdpo_token_clip, sdpo_wrapper=sdpo_wrapper, taid_t=taid_t,
-                                 entropy_opd_h_max=entropy_opd_h_max, chunk_size=chunk_size)
-    if beta_replay != 0:
-        replay = replay_channel_loss(model, inputs, replay_dpo_beta=replay_dpo_beta, dpo_variant=dpo_variant, simpo_beta=simpo_beta,
-                                     simpo_gamma=simpo_gamma, chunk_size=chunk_size)
+    if do_sdpo:
+        sdpo = _sdpo_loss(model, inputs, out, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t,
+                          entropy_opd_h_max, chunk_size)
+    if do_replay:
+        replay = _replay_loss(model, inputs, replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size)
     sdpo, replay = (zero if x is None else x for x in (sdpo, replay))
     total = lm_ce + alpha_sdpo * sdpo + beta_replay * replay
     return LossComponents(lm_ce=lm_ce, sdpo_jsd=sdpo, trace_replay_dpo=replay, total=total)

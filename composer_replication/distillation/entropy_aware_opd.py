@@ -11,28 +11,53 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..opsd import _check_pair, _check_reduction, _check_temperature, _reduce, _token_weights
+from ..opsd import (
+    _check_pair, _check_reduction, _check_temperature, _check_tensor, _has_neg_inf, _kl_rows, _number, _reduce, _token_weights)
 
 # %% auto #0
 __all__ = ['teacher_entropy', 'entropy_aware_opd_loss']
 
 # %% ../../nbs/04_distillation.entropy_aware_opd.ipynb #85b9f7af
+def _entropy(logp):
+    "Entropy `(...)` from log-probabilities `(..., V)`, with 0·log 0 = 0 (a −inf entry adds 0, also to the gradient)."
+    return -(logp.exp() * torch.where(logp == -math.inf, 0.0, logp)).sum(-1)
+
 def teacher_entropy(
-    teacher_logits:Tensor, # (B, T, V) teacher logits
+    teacher_logits:Tensor, # (B, T, V) teacher logits (floating point; −inf marks a masked token)
 )->Tensor: # (B, T) entropy in nats
     "Per-token entropy of softmax(teacher_logits), in nats."
-    if not isinstance(teacher_logits, Tensor): raise TypeError("teacher_logits must be a tensor")
+    _check_tensor(teacher_logits, "teacher_logits", floating=True)
     if teacher_logits.dim() < 1 or teacher_logits.shape[-1] == 0:
         raise ValueError(f"teacher_logits must have a non-empty last (vocabulary) dimension, got {tuple(teacher_logits.shape)}")
-    logp = F.log_softmax(teacher_logits, dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    return _entropy(F.log_softmax(teacher_logits, dim=-1))
 
 # %% ../../nbs/04_distillation.entropy_aware_opd.ipynb #de98265c
+def _eopd_per_token(s, t, h_max, temperature, finite=None):
+    "Per-token entropy-gated KL mix `(...)` from logits `(..., V)`; `finite=True` skips the guards for masked (−inf) logits, None checks."
+    if finite is None: finite = not _has_neg_inf(s, t)
+    log_s = F.log_softmax(s / temperature, dim=-1)
+    log_t = F.log_softmax(t / temperature, dim=-1)
+    if finite:
+        p_t, p_s = log_t.exp(), log_s.exp()
+        fwd = (p_t * (log_t - log_s)).sum(-1)
+        rev = (p_s * (log_s - log_t)).sum(-1)
+        h = -(p_t * log_t).sum(-1)
+    else: fwd, rev, h = _kl_rows(log_t, log_s), _kl_rows(log_s, log_t), _entropy(log_t)  # KL(T||S), KL(S||T), H(T)
+    w = (h / h_max).clamp(0.0, 1.0).detach()
+    return w * fwd + (1 - w) * rev
+
+def _h_max(h_max, V):
+    "The entropy normalizer: `h_max` checked (a number > 0), or log V by default (1 when V = 1)."
+    h = _number(h_max, "h_max", none_ok=True)
+    if h is None: return math.log(V) if V > 1 else 1.0
+    if not 0 < h < math.inf: raise ValueError(f"h_max must be > 0 (and finite) or None, got {h_max}")
+    return h
+
 def entropy_aware_opd_loss(
-    student_logits:Tensor, # (B, T, V) student logits, with grad
+    student_logits:Tensor, # (B, T, V) student logits, with grad (floating point; −inf marks a masked token)
     teacher_logits:Tensor, # (B, T, V) teacher logits (no grad)
     *,
-    labels:Tensor|None=None, # (B, T) 0/1 (or bool) token mask, applied after the per-token mix
+    labels:Tensor|None=None, # (B, T) 0/1 (or bool, or float weight >= 0) token mask, applied after the per-token mix
     h_max:float|None=None, # entropy normalizer; None = log(V)
     temperature:float=1.0, # divides both logits
     reduction:str="batchmean", # "batchmean", "sum", "mean" or "none" -> (B, T)
@@ -40,13 +65,6 @@ def entropy_aware_opd_loss(
     "Per-token mix of forward and reverse KL, gated by the teacher's normalized entropy."
     _check_pair(student_logits, teacher_logits); _check_reduction(reduction); _check_temperature(temperature)
     V = student_logits.shape[-1]
-    if h_max is None: h_max = math.log(V) if V > 1 else 1.0
-    if not float(h_max) > 0: raise ValueError(f"h_max must be > 0, got {h_max}")
+    h_max = _h_max(h_max, V)
     w_mask = _token_weights(labels, student_logits.shape[:-1], name="labels")
-    log_s = F.log_softmax(student_logits / temperature, dim=-1)
-    log_t = F.log_softmax(teacher_logits / temperature, dim=-1)
-    p_t, p_s = log_t.exp(), log_s.exp()
-    fwd = (p_t * (log_t - log_s)).sum(-1)  # KL(T || S)
-    rev = (p_s * (log_s - log_t)).sum(-1)  # KL(S || T)
-    w = (-(p_t * log_t).sum(-1) / float(h_max)).clamp(0.0, 1.0).detach()
-    return _reduce(w * fwd + (1 - w) * rev, w_mask, reduction, V)
+    return _reduce(_eopd_per_token(student_logits, teacher_logits, h_max, temperature), w_mask, reduction, V)

@@ -5,39 +5,53 @@
 # %% ../../nbs/02_distillation.simpo.ipynb #f73f060c
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..opsd import _check_tensor, _number
 
 # %% auto #0
 __all__ = ['avg_sequence_logprob', 'simpo_loss']
 
 # %% ../../nbs/02_distillation.simpo.ipynb #c7a0789c
 def avg_sequence_logprob(
-    model_logprobs:Tensor, # (B, T) per-token log-probabilities of the sequence's own tokens
+    model_logprobs:Tensor, # (B, T) per-token log-probabilities of the sequence's own tokens (floating point)
     response_mask:Tensor, # (B, T) 1 (or True) on response tokens, 0 elsewhere
 )->Tensor: # (B,) mean log-probability over each row's response tokens; 0 for a row without any
     "Average the per-token log-probabilities over each sequence's response tokens."
-    if not isinstance(model_logprobs, Tensor) or not isinstance(response_mask, Tensor):
-        raise TypeError("model_logprobs and response_mask must be tensors")
+    _check_tensor(model_logprobs, "model_logprobs", floating=True); _check_tensor(response_mask, "response_mask")
     if model_logprobs.dim() != 2 or model_logprobs.shape != response_mask.shape:
         raise ValueError(f"model_logprobs {tuple(model_logprobs.shape)} and response_mask {tuple(response_mask.shape)} must both be (B, T)")
+    if response_mask.is_complex(): raise TypeError(f"response_mask must be a 0/1, bool or float tensor, got dtype {response_mask.dtype}")
+    if response_mask.device != model_logprobs.device:
+        raise ValueError(f"response_mask is on {response_mask.device} but model_logprobs on {model_logprobs.device}")
     m = response_mask.to(model_logprobs.dtype)
     return (model_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)
 
 # %% ../../nbs/02_distillation.simpo.ipynb #6c5d64d3
+def _check_logps(**xs):
+    "Per-sequence log-prob tensors: floating point, all (B,) with one B, on one device; errors name the argument."
+    (ref, r), *_ = xs.items()
+    for k, v in xs.items():
+        _check_tensor(v, k, floating=True)
+        if v.dim() != 1 or v.shape != r.shape:
+            raise ValueError(f"{k} has shape {tuple(v.shape)}; {', '.join(xs)} must all be (B,) with the same B "
+                             f"(like {ref} {tuple(r.shape)})")
+        if v.device != r.device: raise ValueError(f"{k} is on {v.device} but {ref} on {r.device}; all must be on one device")
+
 def simpo_loss(
     chosen_avg_logprobs:Tensor, # (B,) length-normalized log-likelihood of the chosen responses
     rejected_avg_logprobs:Tensor, # (B,) same for the rejected responses
     *,
-    beta:float=2.0, # reward scale β (paper default)
+    beta:float=2.0, # reward scale β > 0 (paper default)
     gamma:float=1.0, # target reward margin γ (paper default)
 )->Tensor: # scalar mean over the batch (0 for an empty batch)
     "SimPO loss -log σ(β(ā_c − ā_r) − γ), averaged over the batch (Meng et al., 2024)."
-    if not isinstance(chosen_avg_logprobs, Tensor) or not isinstance(rejected_avg_logprobs, Tensor):
-        raise TypeError("chosen_avg_logprobs and rejected_avg_logprobs must be tensors")
-    if chosen_avg_logprobs.shape != rejected_avg_logprobs.shape:
-        raise ValueError(f"chosen_avg_logprobs {tuple(chosen_avg_logprobs.shape)} and rejected_avg_logprobs "
-                         f"{tuple(rejected_avg_logprobs.shape)} must have the same shape")
+    _check_logps(chosen_avg_logprobs=chosen_avg_logprobs, rejected_avg_logprobs=rejected_avg_logprobs)
+    if not 0 < _number(beta, "beta") < math.inf: raise ValueError(f"beta must be > 0 (and finite), got {beta}")
+    if not math.isfinite(_number(gamma, "gamma")): raise ValueError(f"gamma must be finite, got {gamma}")
     losses = -F.logsigmoid(beta * (chosen_avg_logprobs - rejected_avg_logprobs) - gamma)
     return losses.sum() / max(losses.numel(), 1)

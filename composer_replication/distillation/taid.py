@@ -6,37 +6,51 @@
 from __future__ import annotations
 
 import math
+import numbers
+from collections import abc
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..opsd import _check_pair, _reduce, _token_weights
+from ..opsd import _as_device, _check_pair, _has_neg_inf, _number, _reduce, _token_weights
 
 # %% auto #0
 __all__ = ['taid_loss', 'TAIDScheduler']
 
 # %% ../../nbs/03_distillation.taid.ipynb #02efb3ec
-def _check_t(t):
-    if isinstance(t, Tensor) and t.numel() != 1: raise ValueError(f"t must be a scalar, got shape {tuple(t.shape)}")
-    tv = float(t.detach()) if isinstance(t, Tensor) else float(t)
-    if not 0.0 <= tv <= 1.0: raise ValueError(f"t must be in [0, 1], got {tv}")
+def _check_t(t, name="t"):
+    "`t` as a float in [0, 1]; a TypeError/ValueError naming `name` otherwise."
+    if isinstance(t, Tensor) and t.numel() != 1: raise ValueError(f"{name} must be a scalar, got shape {tuple(t.shape)}")
+    tv = _number(t, name)
+    if not 0.0 <= tv <= 1.0: raise ValueError(f"{name} must be in [0, 1], got {tv}")
+    return tv
 
 # %% ../../nbs/03_distillation.taid.ipynb #586218f0
+def _taid_per_token(s, tch, t, tv, finite=None):
+    "Per-token TAID cross-entropy `(...)` from logits `(..., V)`; `finite=True` skips the guard for masked (−inf) logits, None checks."
+    dtype = torch.promote_types(s.dtype, torch.float32)
+    s, tch = s.to(dtype), tch.to(dtype)
+    if finite is None: finite = not _has_neg_inf(s, tch)
+    if isinstance(t, Tensor): t = t.to(s.device, dtype)
+    if finite or 0.0 < tv < 1.0: mix = (1 - t) * s.detach() + t * tch
+    else: mix = tch if tv == 1.0 else s.detach()  # at the ends 0 · (−inf) would be NaN
+    target = F.softmax(mix, dim=-1)
+    log_q = F.log_softmax(s, dim=-1)
+    if not finite: log_q = torch.where(target > 0, log_q, 0.0)  # 0 · log 0 = 0: a token the target rules out adds 0
+    return -(target * log_q).sum(-1)
+
 def taid_loss(
-    student_logits:Tensor, # (B, T, V) current student logits, with grad
+    student_logits:Tensor, # (B, T, V) current student logits, with grad (floating point; −inf marks a masked token)
     teacher_logits:Tensor, # (B, T, V) teacher logits
-    mask:Tensor|None=None, # (B, T) 1/True on tokens to distill; None = all tokens
+    mask:Tensor|None=None, # (B, T) 1/True (or a float weight >= 0) on tokens to distill; None = all tokens
     *,
     t:float|Tensor, # interpolation coefficient in [0, 1] (drive it with `TAIDScheduler`)
 )->Tensor: # scalar: masked mean over tokens (0 with a gradient when nothing is unmasked)
     "TAID loss: cross-entropy of the student against softmax((1-t)·sg(student) + t·teacher) (Shing et al., 2025)."
-    _check_pair(student_logits, teacher_logits); _check_t(t)
+    _check_pair(student_logits, teacher_logits); tv = _check_t(t)
     w = _token_weights(mask, student_logits.shape[:-1])
-    dtype = torch.promote_types(student_logits.dtype, torch.float32)
-    if isinstance(t, Tensor): t = t.to(student_logits.device, dtype)
-    target = F.softmax((1 - t) * student_logits.detach().to(dtype) + t * teacher_logits.to(dtype), dim=-1)
-    per_token = -(target * F.log_softmax(student_logits.to(dtype), dim=-1)).sum(-1)
+    per_token = _taid_per_token(student_logits, teacher_logits, t, tv)
     return _reduce(per_token, w, "batchmean", student_logits.shape[-1])
 
 # %% ../../nbs/03_distillation.taid.ipynb #d4d2d4e8
@@ -51,16 +65,18 @@ class TAIDScheduler:
                  beta:float=0.99, # EMA decay of the relative-loss-change momentum
                  disable_adaptive:bool=False, # True: plain linear schedule
                  device:torch.device|str="cpu"): # where the state tensors live
-        if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, int) or num_train_steps < 1:
+        if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, numbers.Integral) or num_train_steps < 1:
             raise ValueError(f"num_train_steps must be a positive int, got {num_train_steps!r}")
+        t_start, t_end, alpha, beta = (_number(v, k) for k, v in dict(t_start=t_start, t_end=t_end, alpha=alpha, beta=beta).items())
         if not 0.0 <= t_start < 1.0: raise ValueError(f"t_start must be in [0, 1), got {t_start}")
         if not 0.0 < t_end <= 1.0: raise ValueError(f"t_end must be in (0, 1], got {t_end}")
         if t_start > t_end: raise ValueError(f"t_start ({t_start}) must not exceed t_end ({t_end})")
         if not 0.0 <= alpha <= 1.0: raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         if not 0.0 <= beta <= 1.0: raise ValueError(f"beta must be in [0, 1], got {beta}")
-        self.num_train_steps, self.t_start, self.t_end = num_train_steps, float(t_start), float(t_end)
-        self.alpha, self.beta, self.disable_adaptive = float(alpha), float(beta), bool(disable_adaptive)
-        self.device = torch.device(device)
+        if not isinstance(disable_adaptive, bool): raise TypeError(f"disable_adaptive must be a bool, got {type(disable_adaptive).__name__}")
+        self.num_train_steps, self.t_start, self.t_end = int(num_train_steps), t_start, t_end
+        self.alpha, self.beta, self.disable_adaptive = alpha, beta, disable_adaptive
+        self.device = _as_device(device)
         self._t = torch.tensor(self.t_start, dtype=torch.float32, device=self.device)
         self.prev_loss = torch.tensor(math.inf, dtype=torch.float32, device=self.device)
         self.momentum = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -75,7 +91,13 @@ class TAIDScheduler:
                  global_step:int, # the step just taken
                 )->Tensor|None: # the adaptive increment Δ, or None while seeding / for a non-finite loss
         "Advance `t` from this step's loss."
-        loss = torch.as_tensor(loss.detach() if isinstance(loss, Tensor) else loss, dtype=torch.float32).to(self.device).reshape(())
+        if isinstance(loss, Tensor):
+            if loss.numel() != 1: raise ValueError(f"loss must be a scalar (one-element tensor), got shape {tuple(loss.shape)}")
+            if loss.dtype == torch.bool or loss.is_complex(): raise TypeError(f"loss must be a real number, got a {loss.dtype} tensor")
+            loss = loss.detach().to(self.device, torch.float32).reshape(())
+        else: loss = torch.tensor(_number(loss, "loss"), dtype=torch.float32, device=self.device)
+        if isinstance(global_step, bool) or not isinstance(global_step, numbers.Integral) or global_step < 0:
+            raise ValueError(f"global_step must be an int >= 0, got {global_step!r}")
         if not torch.isfinite(loss): return None
         if torch.isinf(self.prev_loss):
             self.prev_loss = loss
@@ -96,6 +118,10 @@ class TAIDScheduler:
 
     def load_state_dict(self, state:dict): # as returned by `state_dict`
         "Restore the state saved by `state_dict`."
+        missing = {"t", "prev_loss", "momentum"} - set(state) if isinstance(state, abc.Mapping) else None
+        if missing is None: raise TypeError(f"state must be a dict as returned by state_dict(), got {type(state).__name__}")
+        if missing: raise ValueError(f"state is missing {sorted(missing)} (expected the keys of state_dict(): t, prev_loss, momentum)")
+        _check_t(state["t"], "state['t']")
         self._t = torch.tensor(float(state["t"]), dtype=torch.float32, device=self.device)
         self.prev_loss = torch.tensor(float(state["prev_loss"]), dtype=torch.float32, device=self.device)
         self.momentum = torch.tensor(float(state["momentum"]), dtype=torch.float32, device=self.device)

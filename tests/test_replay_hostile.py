@@ -17,12 +17,13 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from composer_replication.teacher_replay import (TeacherReplayError, _scan_journal, extract_dpo_pairs, load_pairs, read_journal,
+from composer_replication.teacher_replay import (TeacherReplayError, scan_journal, extract_dpo_pairs, load_pairs, read_journal,
                                                  replay_trace, save_pairs, worst_case_usd)
 from composer_replication.testing.teacher_server import ModelPolicy, TeacherServer
+from composer_replication.ingestion.core import render_action
 
 SYS = {"role": "system", "content": "You are a coding agent."}
-RESULT_KEYS = {"state_id", "teacher_slug", "response_text", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "error"}
+RESULT_KEYS = {"state_id", "teacher_slug", "response_text", "action", "latency_s", "prompt_tokens", "completion_tokens", "cost_usd", "error"}
 
 
 def make_states(n, size=100, prefix="s"):
@@ -49,6 +50,7 @@ class Answer:
     headers: dict = field(default_factory=dict)
     drip_s: float | None = None      # send the head at once, then the body one byte every drip_s seconds
     no_head: bool = False            # read the request, then never answer
+    chunked: bool = False            # send the body chunked (no Content-Length), 1,000 bytes a chunk
 
 
 def completion(content="ok", usage=None, **msg):
@@ -97,6 +99,11 @@ class RawServer:
                 a = self.handler(req)
                 if a.no_head: await asyncio.sleep(3600); return
                 extra = "".join(f"{k}: {v}\r\n" for k, v in a.headers.items())
+                if a.chunked:
+                    writer.write(f"HTTP/1.1 {a.status} X\r\nTransfer-Encoding: chunked\r\n{extra}\r\n".encode("latin-1"))
+                    for i in range(0, len(a.body), 1000):
+                        part = a.body[i:i + 1000]; writer.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                    writer.write(b"0\r\n\r\n"); await writer.drain(); continue
                 writer.write(f"HTTP/1.1 {a.status} X\r\nContent-Length: {len(a.body)}\r\n{extra}\r\n".encode("latin-1"))
                 if a.drip_s is None: writer.write(a.body)
                 else:
@@ -260,6 +267,25 @@ def test_slow_drip_is_cut_off_at_timeout_s(transport, mode):
         assert r["cost_usd"] > 0              # sent, fate unknown: charged at worst case
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_a_reply_over_max_reply_bytes_is_an_error_row(transport, chunked):
+    """A body over max_reply_bytes (announced by Content-Length, or chunked) fails that call once, at worst case; the rest is kept."""
+    T, cap = teachers("t/good", "t/big"), 4096
+    small, big = completion("fine"), completion("x" * 10_000)
+    with RawServer(lambda req: Answer(200, big if req["model"] == "t/big" else small, chunked=chunked)) as srv:
+        res = run(replay_trace(make_states(2), T, base_url=srv.url, max_reply_bytes=cap, max_tokens=64, backoff_s=0.001,
+                               transport=transport, progress=False))
+        assert (srv.count("t/good"), srv.count("t/big")) == (2, 2)                 # not retried: it would be the same answer
+        needs = [need_of(r, T[1], 64) for r in srv.requests if r["model"] == "t/big"]
+    assert [r["response_text"] for r in res] == ["fine", None, "fine", None]
+    for r in res[1::2]:
+        assert "more than max_reply_bytes=4096" in r["error"] and "after 1 attempt(s)" in r["error"], r["error"]
+        assert r["action"] is None and r["cost_usd"] in needs                      # answered, maybe billed: its worst case
+    with RawServer(lambda req: Answer(200, big, chunked=chunked)) as srv:          # a cap above the body: the reply is kept
+        ok = run(replay_trace(make_states(1), T[1:], base_url=srv.url, max_reply_bytes=len(big), transport=transport, progress=False))
+    assert ok[0]["response_text"] == "x" * 10_000
+
+
 # --------------------------------------------------------------------------- 6. journals: torn, foreign, old
 
 
@@ -282,7 +308,7 @@ def test_torn_journal_resumes_redoing_only_the_torn_call(tmp_path):
         assert (len(res), res.from_journal, res.bad_journal_lines) == (10, 9, 1) and {r["error"] for r in res} == {None}
         again = run(replay_trace(states, T, base_url=srv.url, journal=j, progress=False))
         assert srv.calls == 11 and again.from_journal == 10                   # the torn line stays skipped, nothing resent
-    rows, headers, st = _scan_journal(j)
+    rows, headers, st = scan_journal(j)
     assert len(rows) == 10 and len(headers) == 1 and st.bad == 1 and "cut mid-write" not in st.report()   # (no longer the last line)
 
 
@@ -312,10 +338,10 @@ def test_old_journal_without_header_still_resumes(tmp_path):
         lines = j.read_bytes().splitlines(keepends=True)
         assert b'"journal"' in lines[0] and len(lines) == 7
         j.write_bytes(b"".join(lines[1:]))                                   # a journal from before headers existed
-        assert _scan_journal(j)[1] == []
+        assert scan_journal(j)[1] == []
         res = run(replay_trace(states, T, base_url=srv.url, journal=j, progress=False))
         assert srv.calls == 6 and res.from_journal == 6 and res.bad_journal_lines == 0
-        assert len(_scan_journal(j)[1]) == 1                                 # stamped now: later runs are checked
+        assert len(scan_journal(j)[1]) == 1                                 # stamped now: later runs are checked
         with pytest.raises(ValueError, match="its teachers are"):
             run(replay_trace(states, T[:1], base_url=srv.url, journal=j, progress=False))
 
@@ -459,6 +485,8 @@ def _check_any_replies(srv, script, transport, cap):
     for r in res:
         assert set(r) == RESULT_KEYS
         assert (r["error"] is None) == isinstance(r["response_text"], str), r            # a valid result xor an error row
+        assert (r["error"] is None) == isinstance(r["action"], list), r                   # the blocks too, rendered as the text
+        assert r["action"] is None or render_action(r["action"]) == r["response_text"], r
         assert r["error"] is None or (isinstance(r["error"], str) and r["error"] and not r["error"].startswith("internal error")), r
         assert isinstance(r["prompt_tokens"], int) and isinstance(r["completion_tokens"], int) and r["prompt_tokens"] >= 0 <= r["completion_tokens"]
         assert isinstance(r["cost_usd"], float) and 0 <= r["cost_usd"] < math.inf

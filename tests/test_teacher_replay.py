@@ -13,8 +13,8 @@ import orjson
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from composer_replication.teacher_replay import (TeacherReplayError, action_key, extract_dpo_pairs, read_journal,
-                                                 replay_trace, to_preference_rows)
+from composer_replication.teacher_replay import (OpenAICompatibleProvider, TeacherReplayError, action_key, extract_dpo_pairs,
+                                                 read_journal, replay_trace, to_preference_rows)
 from composer_replication.testing.teacher_server import Failure, ModelPolicy, TeacherServer
 
 PLANTED = "sk-or-v1-PLANTED-7f3a9c2e1d0b4a65"
@@ -261,10 +261,10 @@ def test_default_client_is_aiohttp_when_importable_else_httpx(monkeypatch):
     """No transport given: aiohttp when it imports, else (cleanly) httpx; transport="aiohttp" without it is an ImportError."""
     import importlib.util
     import composer_replication.teacher_replay as tr
-    kinds, real = [], tr._open_http
+    kinds, real = [], tr.open_http
     def peek(*a, **k):
         http = real(*a, **k); kinds.append(http.kind); return http
-    monkeypatch.setattr(tr, "_open_http", peek)
+    monkeypatch.setattr(tr, "open_http", peek)
     T, default = teachers([(1.0, 1.0)]), "aiohttp" if importlib.util.find_spec("aiohttp") else "httpx"
     with TeacherServer({"t/0": ModelPolicy(reply="ok", failures=[Failure.dropped()])}) as srv:
         res = run(replay_trace(make_states(3), T, base_url=srv.url, backoff_s=0.01, progress=False))
@@ -285,7 +285,7 @@ def test_a_proxy_in_the_environment_selects_httpx(monkeypatch):
     pytest.importorskip("aiohttp")
     import composer_replication.teacher_replay as tr
     async def kind(url):
-        http = tr._open_http(url, {}, None, None, 4, 5.0)
+        http = tr.open_http(url, {}, None, None, 4, 5.0)
         await http.aclose()
         return http.kind
     for k in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "all_proxy", "no_proxy"):
@@ -295,7 +295,7 @@ def test_a_proxy_in_the_environment_selects_httpx(monkeypatch):
     assert run(kind("http://10.1.2.3:8000/v1/chat/completions")) == "httpx"
     assert run(kind("https://10.1.2.3/v1/chat/completions")) == "aiohttp"      # no proxy for https
     with pytest.raises(ValueError, match="socks5 one") as ei:
-        run(tr._open_http("http://10.1.2.3:8000/v1/chat/completions", {}, "aiohttp", None, 4, 5.0).aclose())
+        run(tr.open_http("http://10.1.2.3:8000/v1/chat/completions", {}, "aiohttp", None, 4, 5.0).aclose())
     assert "pw" not in str(ei.value)
     monkeypatch.setenv("NO_PROXY", "10.1.2.3")
     assert run(kind("http://10.1.2.3:8000/v1/chat/completions")) == "aiohttp"
@@ -378,3 +378,56 @@ def test_a_broken_transport_fails_calls_not_the_run():
     assert [r["response_text"] for r in res] == [None, None]
     assert all("ValueError: boom with Bearer ***" in r["error"] and r["cost_usd"] > 0 for r in res)
     assert PLANTED not in repr(res)
+
+
+def test_a_second_provider_is_one_class():
+    """A provider with its own header and its own cost field: one subclass, passed as `endpoint`; nothing else changes."""
+    import httpx
+    seen = []
+
+    class Acme(OpenAICompatibleProvider):
+        "A made-up provider: an `X-Acme-Key` header instead of a Bearer token, the cost in `usage.billed_usd`."
+        name = "acme"
+        def headers(self): return {"Content-Type": "application/json", "X-Acme-Key": self.api_key}
+        def request_body(self, messages, teacher, **kw): return {**super().request_body(messages, teacher, **kw), "acme": {"tier": 1}}
+        def reported_cost(self, usage): return usage.get("billed_usd")
+
+    def acme(request):
+        seen.append((dict(request.headers), json.loads(request.content)))
+        return httpx.Response(200, json={"choices": [{"message": {"role": "assistant", "content": "ok"}}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": 1, "cost": 9.0, "billed_usd": 2e-6}})
+    T = teachers([(1.0, 1.0)])
+    res = run(replay_trace(make_states(2), T, endpoint=Acme("https://api.acme.test/v1", api_key=PLANTED),
+                           transport=httpx.MockTransport(acme), progress=False))
+    assert [r["response_text"] for r in res] == ["ok", "ok"] and [r["cost_usd"] for r in res] == [2e-6, 2e-6]
+    assert all(h["x-acme-key"] == PLANTED and "authorization" not in h and b["acme"] == {"tier": 1} and "provider" not in b
+               for h, b in seen)
+    assert PLANTED not in repr(Acme("https://api.acme.test/v1", api_key=PLANTED))
+
+
+def test_normalized_pairs_feed_the_collator():
+    """replaysim's normalized pairs, converted with `to_collator_pairs`, are DPO pairs the collator tokenizes like the originals."""
+    pytest.importorskip("transformers")
+    from composer_replication.replaysim import DJNormalizer, to_collator_pairs
+    from composer_replication.testing import tiny_tokenizer
+    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+    U = {"role": "user", "content": "Fix utils.py"}
+    states = [{"state_id": "a", "messages": [SYS, U], "student_action": "I give up."},
+              {"state_id": "b", "messages": [SYS, U], "student_action": '[TOOL_USE] name=Read input={"file_path": "x"}'}]
+    from composer_replication.ingestion.core import render_action
+    ls = lambda *keys: [{"type": "tool_use", "name": "Bash", "input": {k: {"command": "ls", "all": True}[k] for k in keys}}]
+    acts = [{"state_id": s, "teacher_slug": t, "response_text": render_action(a), "action": a, "latency_s": 0.1,   # as replay_trace makes them
+             "prompt_tokens": 1, "completion_tokens": 1, "cost_usd": 0.0, "error": None}
+            for s, t, a in [("a", "t/0", ls("command", "all")), ("a", "t/1", ls("all", "command")),
+                            ("b", "t/0", [{"type": "text", "text": "Sure, done."}]), ("b", "t/1", [{"type": "text", "text": "Sure,   done."}])]]
+    pairs = extract_dpo_pairs(states, acts)
+    converted = to_collator_pairs(DJNormalizer(skip_dj=True).normalize(pairs))
+    assert [set(p) >= {"state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing"} for p in converted] == [True, True]
+    tok = tiny_tokenizer()
+    ex = {"trace_id": "t", "turns": [SYS, U, {"role": "assistant", "content": "Looking."}]}
+    batch = lambda ps: ComposerDataCollator(tok, CollatorConfig(pad_token_id=tok.pad_token_id))([{**ex, "dpo_pairs": ps}])
+    a, b = batch(pairs), batch(converted)
+    for k in ("dpo_chosen_input_ids", "dpo_rejected_input_ids", "dpo_chosen_response_mask", "dpo_rejected_response_mask"):
+        assert a[k].tolist() == b[k].tolist(), k
+    assert a["dpo_chosen_input_ids"].shape[0] == 2 and '<tool_call>' in tok.decode(b["dpo_chosen_input_ids"][0])
+    assert [(p["chosen"], p["chosen_action"], p["rejected"]) for p in converted] == [(p["chosen"], p["chosen_action"], p["rejected"]) for p in pairs]

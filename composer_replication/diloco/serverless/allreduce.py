@@ -247,8 +247,11 @@ class MockManager:
         self.store.allreduce(tensor, op=op)
         return _ImmediateWork(tensor)
 
-    def should_commit(self, timeout:Any=None) -> bool: return True
-    def start_quorum(self, allow_heal:bool=True, shrink_only:bool=False, timeout:Any=None) -> None: self._step += 1
+    def should_commit(self, timeout:Any=None) -> bool:
+        "Commit the step (always succeeds here) and advance the step count, as torchft's `Manager.should_commit` does."
+        self._step += 1
+        return True
+    def start_quorum(self, allow_heal:bool=True, shrink_only:bool=False, timeout:Any=None) -> None: pass  # the quorum is fixed; the step moves on commit
     def wait_quorum(self) -> int: return self._step
     def current_step(self) -> int: return self._step
     def allow_state_dict_read(self) -> None: self._is_state_dict_read_allowed = True

@@ -4,301 +4,21 @@
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #9649b0ca
 from __future__ import annotations
-import bisect, itertools, json, re, string, sys
-from dataclasses import dataclass, field
+import bisect, itertools, json, os, sys, tempfile
 from pathlib import Path
-from typing import Iterator, TypedDict
+from typing import Iterator
 import orjson
+from ..jsonl import JsonlAppender, loads_line
+from .core import (
+    SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, normalize_blocks,
+    parse_student_action, record_format, redact_json, redact_secrets, render_action, token_counter)
+_all_ = ["SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
+         "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # re-exported from ingestion.core: they were defined here before it
 
 # %% auto #0
-__all__ = ['SYSTEM_PROMPT', 'TraceState', 'render_action', 'parse_student_action', 'normalize_blocks', 'action_to_message',
-           'redact_secrets', 'IngestionStats', 'estimate_tokens', 'detect_trace_format', 'ClaudeCodeIngester',
-           'ingest_command']
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #39261c15
-class TraceState(TypedDict):
-    "One step of a frozen agentic trace: the history the model saw and the action it took."
-    state_id: str         # f"{session stem}::{idx:04d}", unique within the trace
-    messages: list[dict]  # OpenAI-style chat history before this assistant turn
-    student_action: str   # the turn's blocks rendered by `render_action`
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #1a04e42c
-_THINK, _THINK_END, _TOOL = "[THINKING] ", "\n[/THINKING]", "[TOOL_USE] "
-
-def render_action(blocks:list[dict], # content blocks: {"type": "text"|"thinking"|"tool_use", ...}
-                 ) -> str: # blocks joined by "\n\n" in the documented format
-    "Render an assistant turn's content blocks as the flat `student_action` string."
-    if not isinstance(blocks, (list, tuple)): raise TypeError(f"blocks must be a list of dicts, got {type(blocks).__name__}")
-    parts = []
-    for i, b in enumerate(blocks):
-        t = b.get("type") if isinstance(b, dict) else None
-        if t == "text": parts.append(_need_str(b, "text", i))
-        elif t == "thinking": parts.append(_THINK + _need_str(b, "thinking", i) + _THINK_END)
-        elif t == "tool_use":
-            name, inp = _need_str(b, "name", i), b.get("input", {})
-            if not isinstance(inp, dict): raise TypeError(f"blocks[{i}]['input'] must be a dict, got {type(inp).__name__}")
-            parts.append(f"{_TOOL}name={name} input={json.dumps(inp, ensure_ascii=False, sort_keys=True)}")
-        else: raise ValueError(f"blocks[{i}] must be a dict with type 'text', 'thinking' or 'tool_use', got {b!r:.80}")
-    return "\n\n".join(parts)
-
-def _need_str(b, k, i):
-    v = b.get(k)
-    if not isinstance(v, str): raise TypeError(f"blocks[{i}][{k!r}] must be a str, got {type(v).__name__}")
-    return v
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #0d896382
-_DEC = json.JSONDecoder()
-
-def parse_student_action(action:str, # a `student_action` produced by `render_action` (or any string)
-                        ) -> list[dict]: # blocks: {"type": "text"|"thinking"|"tool_use", ...} without ids
-    "Split a rendered student action back into content blocks (inverse of `render_action`, see edge cases)."
-    if not isinstance(action, str): raise TypeError(f"action must be a str, got {type(action).__name__}")
-    if action == "": return []
-    out, p, n = [], 0, len(action)
-    while True:  # p <= n; p == n after a final separator means a last, empty text block
-        blk, end = None, None
-        if action.startswith(_THINK, p) and (e := _thinking_end(action, p + len(_THINK))) is not None:
-            blk, end = {"type": "thinking", "thinking": action[p + len(_THINK):e]}, e + len(_THINK_END)
-        elif action.startswith(_TOOL, p) and (tu := _parse_tool(action[p:_next_start(action, p)])) is not None:
-            blk, end = tu[0], p + tu[1]
-        if blk is None:  # text up to the next marker at a block start (edge cases 3 and 5)
-            end = _next_start(action, p)
-            _add(out, {"type": "text", "text": action[p:end]})
-        else: out.append(blk)
-        if end == n: break
-        p = end + 2  # skip the "\n\n" separator
-    return out
-
-def _thinking_end(a, i):
-    "Offset of the first '\\n[/THINKING]' at or after i followed by the end or '\\n\\n'; None when there is none."
-    e = a.find(_THINK_END, i)
-    while e != -1:
-        k = e + len(_THINK_END)
-        if k == len(a) or a.startswith("\n\n", k): return e
-        e = a.find(_THINK_END, e + 1)
-    return None
-
-def _next_start(a, p):
-    "Offset of the first '\\n\\n' at or after p that is followed by a marker, else len(a)."
-    return min((j for j in (a.find("\n\n" + _THINK, p), a.find("\n\n" + _TOOL, p)) if j != -1), default=len(a))
-
-def _parse_tool(seg):
-    "(block, length) for a segment starting '[TOOL_USE] name=N input={...}'; None when it is not one."
-    head, sep, js = seg[len(_TOOL):].partition(" input=")
-    if not sep or not head.startswith("name=") or "\n" in head: return None
-    try: inp, k = _DEC.raw_decode(js)
-    except ValueError: return None
-    if not isinstance(inp, dict) or (k < len(js) and not js.startswith("\n\n", k)): return None
-    return {"type": "tool_use", "name": head[len("name="):], "input": inp}, len(seg) - len(js) + k
-
-def _add(out, blk):
-    "Append a text block, merging it into a preceding text block (edge case 1)."
-    if out and out[-1]["type"] == "text": out[-1] = {"type": "text", "text": out[-1]["text"] + "\n\n" + blk["text"]}
-    else: out.append(blk)
-
-def normalize_blocks(blocks:list[dict], # content blocks as given to `render_action`
-                    ) -> list[dict]: # the blocks `parse_student_action(render_action(blocks))` returns
-    "Canonical form of a block list: ids dropped, consecutive text blocks merged."
-    out = []
-    for b in blocks:
-        if b["type"] == "tool_use": out.append({"type": "tool_use", "name": b["name"], "input": b.get("input", {})})
-        elif b["type"] == "thinking": out.append({"type": "thinking", "thinking": b["thinking"]})
-        else: _add(out, {"type": "text", "text": b["text"]})
-    return [] if out == [{"type": "text", "text": ""}] else out
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #4855a5e4
-def action_to_message(action:str, # a rendered action (`student_action` format)
-                      keep_thinking:bool=False, # keep thinking blocks as <think>...</think> in the content
-                     ) -> dict: # {"role": "assistant", "content": str, "tool_calls"?: [...]}
-    "The OpenAI assistant message an action string stands for: text content plus tool calls."
-    text, calls = [], []
-    for b in parse_student_action(action):
-        if b["type"] == "text": text.append(b["text"])
-        elif b["type"] == "thinking" and keep_thinking: text.append(f"<think>\n{b['thinking']}\n</think>")
-        elif b["type"] == "tool_use":
-            calls.append({"id": f"call_{len(calls)}", "type": "function",
-                          "function": {"name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)}})
-    m = {"role": "assistant", "content": "\n\n".join(text)}
-    if calls: m["tool_calls"] = calls
-    return m
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #f80b68c7
-try: import re2 as _re2
-except ImportError: _re2 = None
-
-_SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|gh[pousr]_|github_pat_|glpat-|hf_[A-Za-z0-9]{30}|xox[abposre]-|xapp-|AIza"
-               r"|hooks\.slack\.com/|eyJ[A-Za-z0-9_\-]{8,}\.eyJ|SG\.[A-Za-z0-9_\-]{16}|(?:AC|SK)[0-9a-f]{32}|npm_[A-Za-z0-9]{36}|pypi-AgE"
-               r"|(?:AccountKey|SharedAccessKey)=|(?i:aws_secret_access_key|aws_session_token)"
-               r"|(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}|[Bb]earer[ \t]+[A-Za-z0-9\-._~+/]{16}|Authorization:[ \t]*Basic"
-               r"|://[^\s:/@'\"\[\]]*:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)['\"]?[ \t]*[=:][ \t]*['\"]?[^\s'\"]{4}")
-
-def _make_screen():
-    "`hit(text) -> bool`: False only when no rule below can match `text`; None without google-re2."
-    if _re2 is None: return None
-    rx = _re2.compile(_SCREEN_SRC.encode())  # a bytes pattern: the wrapper skips its str-offset bookkeeping
-    try:  # the C-level matcher costs ~2 us a call instead of ~10-20 us through the wrapper's generator
-        low, anchor = rx._regexp, _re2._Anchor.UNANCHORED
-        low.Match(anchor, b"x", 0, 1)
-        def search(b): return low.Match(anchor, b, 0, len(b))[0][0] != -1
-    except (AttributeError, TypeError):  # that private API moved: use the public one
-        def search(b): return rx.search(b) is not None
-    def hit(text):
-        try: return search(text.encode())
-        except UnicodeEncodeError: return True  # lone surrogates: let the exact rules decide
-    return hit
-_SCREEN = _make_screen()  # every secret the rules below find makes this return True
-
-_IDCH = frozenset(string.ascii_letters + string.digits + "_-.")
-_NOT_SECRET = frozenset({"true", "false", "null", "none", "undefined", "required", "optional", "string", "changeme"})
-
-def _provider_kind(tok): return "anthropic_key" if tok.startswith("sk-ant-") else "openrouter_key" if tok.startswith("sk-or-") else "openai_key"
-
-_RULES = [(k, t, re.compile(p), g) for k, t, p, g in [  # (kind or fn(match text) -> kind, lower-case triggers, regex, value group)
-    ("private_key", ("private key",), r"-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----[\s\S]*?(?:-----END[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----|\Z)", None),
-    (_provider_kind, ("sk-",), r"(?<![A-Za-z0-9_\-])sk-(?:ant-|or-|proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", None),
-    ("stripe_key", ("_live_", "_test_", "whsec_"), r"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}|whsec_[0-9A-Za-z]{24,})", None),
-    ("github_token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})", None),
-    ("gitlab_token", ("glpat-",), r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_\-]{20,}", None),
-    ("huggingface_token", ("hf_",), r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}", None),
-    ("slack_token", ("xox", "xapp-"), r"(?<![A-Za-z0-9])(?:xox[abposre]|xapp)-[A-Za-z0-9\-]{10,}", None),
-    ("google_api_key", ("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}", None),
-    ("aws_access_key", ("akia", "asia", "abia", "acca"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])", None),
-    ("bearer_token", ("bearer",), r"(?<![A-Za-z0-9])[Bb]earer[ \t]+(?P<v>[A-Za-z0-9\-._~+/]{16,}=*)", "v"),
-    ("basic_auth", ("basic",), r"Authorization:[ \t]*Basic[ \t]+(?P<v>[A-Za-z0-9+/]{8,}=*)", "v"),
-    ("url_password", ("://",), r"://[^\s:/@'\"\[\]]{0,256}:(?P<v>[^\s/@'\"\[\]]{1,256})@", "v"),
-    ("jwt", ("eyj",), r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", None),
-    ("slack_webhook", ("hooks.slack.com/",), r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<v>[A-Za-z0-9_\-]+/[A-Za-z0-9_/\-]{8,})", "v"),
-    ("sendgrid_key", ("sg.",), r"(?<![A-Za-z0-9_\-])SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}", None),
-    ("twilio_key", ("ac", "sk"), r"(?<![A-Za-z0-9])(?:AC|SK)[0-9a-f]{32}(?![A-Za-z0-9])", None),
-    ("npm_token", ("npm_",), r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{36,}", None),
-    ("pypi_token", ("pypi-age",), r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_\-]{50,}", None),
-    ("azure_key", ("accountkey=", "sharedaccesskey="), r"(?:AccountKey|SharedAccessKey)=(?P<v>[A-Za-z0-9+/]{20,}={0,2})", "v"),
-    ("aws_secret_key", ("aws_secret_access_key", "aws_session_token"), r"(?i:aws_secret_access_key|aws_session_token)['\"]?[ \t]*[=:][ \t]*['\"]?(?P<v>[A-Za-z0-9/+]{16,}={0,2})", "v"),
-]]
-_ASSIGN_T = ("key", "token", "secret", "pass", "pwd")
-_ASSIGN_SRC = r"(?P<q0>['\"]?)[ \t]*(?P<op>[=:])[ \t]*(?P<q>['\"]?)(?P<v>[^\s'\"]{4,})(?P=q)"
-_ASSIGN = re.compile(r"(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)
-_ASSIGN_LOW = re.compile(r"(?:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)  # on text.lower() when it keeps offsets
-_STEM_OK = ("api", "auth", "access", "secret", "private", "client", "bot", "refresh", "session", "master", "app")
-
-_KEY_STRONG = _STEM_OK + ("encryption", "signing", "license", "account", "service", "subscription", "write", "deploy", "admin")
-
-def _random_looking(v):
-    "A value with letters and digits, or long and mixed-case: what generated keys look like (words and slugs do not)."
-    return (any(c.isdigit() for c in v) and any(c.isalpha() for c in v)) or (len(v) >= 20 and not v.islower() and not v.isupper())
-
-def _assign_is_secret(s, m):
-    "Whether an `_ASSIGN` match in `s` assigns a secret (rules in the table above)."
-    a = i = m.start()
-    while i > 0 and s[i - 1] in _IDCH: i -= 1
-    stem, suf = s[i:a], s[a:m.start("q0")]
-    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK)): return False
-    a2, b2 = m.span("v"); v, q = s[a2:b2], m.group("q")
-    if v[0] in "$<{%([`" or v.startswith("[REDACTED") or v.startswith("os.") or v.isdigit() or v.lower() in _NOT_SECRET: return False
-    if suf[-3:].lower() == "key" and not stem.lower().rstrip("_-.").endswith(_KEY_STRONG) and not _random_looking(v): return False
-    upper = (stem + suf).upper() == stem + suf
-    if q: return upper or len(v) >= 8
-    return m.group("op") == "=" and (upper or stem.startswith("--"))
-
-def redact_secrets(text:str, # any string from a trace
-                   counts:dict|None=None, # if given, counts[kind] += 1 for each redaction
-                  ) -> str: # `text` with each secret replaced by "[REDACTED:<kind>]"
-    "Replace API keys, tokens, private keys, AWS keys, URL passwords and secret assignments in `text`."
-    if not isinstance(text, str): raise TypeError(f"text must be a str, got {type(text).__name__}")
-    if len(text) < 8 or (_SCREEN is not None and not _SCREEN(text)): return text
-    low = text.lower()
-    def sub(kind, group):
-        def rep(m):
-            k = kind(m.group(0)) if callable(kind) else kind
-            if counts is not None: counts[k] = counts.get(k, 0) + 1
-            if group is None: return f"[REDACTED:{k}]"
-            a, b = m.span(group); s0 = m.start(); g = m.group(0)
-            return g[:a - s0] + f"[REDACTED:{k}]" + g[b - s0:]
-        return rep
-    for kind, trig, rx, group in _RULES:
-        if any(t in low for t in trig): text = rx.sub(sub(kind, group), text)
-    if any(t in low for t in _ASSIGN_T):
-        low = text.lower()  # earlier rules may have changed text
-        if len(low) == len(text): ms = list(_ASSIGN_LOW.finditer(low))
-        else: ms = list(_ASSIGN.finditer(text))
-        out, pos = [], 0
-        for m in ms:
-            if not _assign_is_secret(text, m): continue
-            if counts is not None: counts["secret_assignment"] = counts.get("secret_assignment", 0) + 1
-            a, b = m.span("v"); out += [text[pos:a], "[REDACTED:secret_assignment]"]; pos = b
-        if out: text = "".join(out) + text[pos:]
-    return text
-
-def _redact_obj(o, counts):
-    "Redact every string (dict keys included) inside a JSON-like value."
-    if isinstance(o, str): return redact_secrets(o, counts)
-    if isinstance(o, dict): return {redact_secrets(k, counts): _redact_obj(v, counts) for k, v in o.items()}
-    if isinstance(o, list): return [_redact_obj(v, counts) for v in o]
-    return o
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #b0781830
-SYSTEM_PROMPT = (
-    "You are a senior software engineer working as a coding agent in a terminal environment. You help the user with "
-    "software engineering tasks: reading and editing code, running commands, debugging, and explaining. Use the tools "
-    "available to you to inspect files and run commands instead of guessing; make small, verifiable changes; and keep "
-    "the user informed about what you did and why. Be concise.")
-
-@dataclass
-class IngestionStats:
-    "Counters populated by `ClaudeCodeIngester.ingest()` and exposed as `ingester.last_stats`."
-    n_records_total: int = 0          # non-blank lines read
-    n_records_skipped: int = 0        # lines not used (sum of the skipped_* reasons below)
-    n_states_emitted: int = 0         # TraceStates yielded
-    n_assistant_turns: int = 0        # real assistant turns found (== n_states_emitted after a full pass)
-    n_tool_use_blocks: int = 0        # tool calls in those turns
-    n_text_blocks: int = 0            # non-blank text blocks in those turns
-    skipped_subagent: int = 0         # sidechain records skipped (skip_sidechain=True)
-    skipped_summary: int = 0          # `summary` lines (never model input)
-    skipped_truncated_lines: int = 0  # an unparsable last line without a newline (file cut while written)
-    version_warnings: list[str] | None = None  # Claude Code versions outside those checked
-    n_records_used: int = 0           # lines that went into a trace
-    n_files: int = 0                  # session/subagent files read
-    n_thinking_blocks: int = 0        # thinking blocks in emitted turns
-    n_tool_results: int = 0           # tool results attached to their calls
-    n_tool_errors: int = 0            # ... of which is_error was true
-    n_missing_tool_results: int = 0   # tool calls with no recorded result (placeholder added)
-    n_orphan_tool_results: int = 0    # results whose tool_use_id matches no call of the open turn
-    n_compactions: int = 0            # compact_boundary records (history reset to the summary)
-    n_history_truncated: int = 0      # states whose history was cut to max_history_tokens
-    n_bad_json_lines: int = 0         # unparsable lines other than a truncated last line
-    skipped_synthetic: int = 0        # assistant lines from `<synthetic>` or isApiErrorMessage
-    skipped_duplicate: int = 0        # assistant lines of a message id already emitted; user lines copied on resume (same timestamp and content)
-    skipped_subagent_files: int = 0   # subagent files not read (skip_sidechain=True)
-    n_summaries_trusted: int = 0      # summary lines whose leafUuid is in the same file
-    skipped_record_types: dict[str, int] = field(default_factory=dict)  # e.g. {"progress/hook_progress": 25}
-    redactions: dict[str, int] = field(default_factory=dict)  # {kind: count} of secrets replaced
-    skipped_no_user_turn: int = 0     # assistant turns not emitted: no user message before them (a subagent without its prompt, an excerpt)
-    n_task_prompts_linked: int = 0    # subagent transcripts whose first user turn is the parent's Task prompt (2.0.x files lack it)
-    skipped_codex_files: int = 0      # files not read: Codex CLI rollouts (`detect_trace_format(path) == "codex"`)
-
-    def __post_init__(self):
-        if self.version_warnings is None: self.version_warnings = []
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #f7cd0c15
-def estimate_tokens(message:dict, # an OpenAI-style chat message
-                   ) -> int: # ceil(chars / 4) + 4
-    "Token estimate used when no tokenizer is given: ceil(characters / 4) + 4 per message."
-    n = len(message.get("content") or "")
-    for tc in message.get("tool_calls") or (): n += len(tc["function"]["name"]) + len(tc["function"]["arguments"])
-    return -(-n // 4) + 4
-
-def _token_counter(tokenizer):
-    if tokenizer is None: return estimate_tokens
-    enc = getattr(tokenizer, "encode", None)
-    def text_len(s):
-        if not s: return 0
-        r = enc(s) if enc is not None else tokenizer(s)
-        return r if isinstance(r, int) else len(r)
-    def count(m):
-        n = text_len(m.get("content") or "")
-        for tc in m.get("tool_calls") or (): n += text_len(tc["function"]["name"]) + text_len(tc["function"]["arguments"])
-        return n + 4
-    return count
+__all__ = ['ClaudeCodeIngester', 'ingest_command', 'SYSTEM_PROMPT', 'IngestionStats', 'TraceState', 'action_to_message',
+           'detect_trace_format', 'estimate_tokens', 'normalize_blocks', 'parse_student_action', 'redact_secrets',
+           'render_action']
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #dda06b90
 _MIN_VERSION, _MAX_VERSION = (1, 0, 98), (2, 1, 39)
@@ -421,7 +141,8 @@ class _Trace:
             blocks = []
         if blocks:
             st = self.st
-            state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks))
+            state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks),
+                               action=normalize_blocks(blocks))
             self.idx += 1
             st.n_assistant_turns += 1
             for b in blocks:
@@ -480,45 +201,9 @@ def _dumps(o):
     try: return orjson.dumps(o).decode()
     except TypeError: return json.dumps(o, ensure_ascii=False)
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #c66e690f
-_BOM = b"\xef\xbb\xbf"
-_CC_TYPES = frozenset({"user", "assistant", "system", "summary", "progress", "file-history-snapshot", "queue-operation"})
-_CODEX_TAGS = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
-
-def _record_format(rec):
-    "'codex' or 'claude-code' when one parsed line shows which tool wrote it, else None."
-    if not isinstance(rec, dict): return None
-    t = rec.get("type")
-    if not isinstance(t, str): t = None
-    if t in _CODEX_TAGS and isinstance(rec.get("payload"), dict): return "codex"  # envelope (0.40+)
-    if t is None and "instructions" in rec and "id" in rec and "timestamp" in rec: return "codex"  # bare SessionMeta header
-    if t is None and rec.get("record_type") == "state": return "codex"
-    if t in _CC_TYPES and any(k in rec for k in ("uuid", "sessionId", "message", "leafUuid", "messageId", "snapshot")): return "claude-code"
-    return None
-
-def detect_trace_format(path:Path, # a trace file, or a folder (its first *.jsonl files in path order are looked at)
-                        max_lines:int=5, # non-blank lines read per file
-                       ) -> str: # "claude-code", "codex" or "unknown"
-    "Which agent wrote the JSONL trace at `path`, from its first few lines only."
-    if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
-    if not isinstance(max_lines, int) or isinstance(max_lines, bool) or max_lines <= 0: raise ValueError(f"max_lines must be a positive int, got {max_lines!r}")
-    p = Path(path)
-    if not p.exists(): raise FileNotFoundError(f"path does not exist: {str(path)!r}")
-    files = [p] if p.is_file() else sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f))[:20]
-    for fp in files:
-        with open(fp, "rb") as f:
-            n = 0
-            for raw in f:
-                if raw.isspace(): continue
-                if n == 0 and raw.startswith(_BOM): raw = raw[len(_BOM):]
-                n += 1
-                try: fmt = _record_format(orjson.loads(raw))
-                except orjson.JSONDecodeError: fmt = None
-                if fmt is not None: return fmt
-                if n >= max_lines: break
-    return "unknown"
-
 # %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
+_BOM = b"\xef\xbb\xbf"
+
 class ClaudeCodeIngester:
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
     def __init__(self, *,
@@ -532,11 +217,9 @@ class ClaudeCodeIngester:
         if not isinstance(system_prompt, str): raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
         if max_history_tokens is not None and (not isinstance(max_history_tokens, int) or isinstance(max_history_tokens, bool) or max_history_tokens <= 0):
             raise ValueError(f"max_history_tokens must be a positive int or None, got {max_history_tokens!r}")
-        if tokenizer is not None and not (hasattr(tokenizer, "encode") or callable(tokenizer)):
-            raise TypeError("tokenizer must have an .encode(str) method or be a callable str -> tokens")
+        self._count = token_counter(tokenizer)  # TypeError for a tokenizer it cannot use
         self.system_prompt, self.skip_sidechain, self.strip_thinking = system_prompt, bool(skip_sidechain), bool(strip_thinking)
         self.max_history_tokens, self.tokenizer, self.redact_secrets = max_history_tokens, tokenizer, bool(redact_secrets)
-        self._count = _token_counter(tokenizer)
         self.last_stats, self.last_summaries = IngestionStats(), {}
 
     def ingest(self, path:Path, # a session `.jsonl` file or a folder (project or session) to walk
@@ -575,7 +258,7 @@ class ClaudeCodeIngester:
         t, c = b.get("type"), self.last_stats.redactions
         if t == "text" and isinstance(b.get("text"), str): return {**b, "text": redact_secrets(b["text"], c)}
         if t == "thinking" and isinstance(b.get("thinking"), str): return {**b, "thinking": redact_secrets(b["thinking"], c)}
-        if t == "tool_use": return {**b, "input": _redact_obj(b.get("input", {}), c)}
+        if t == "tool_use": return {**b, "input": redact_json(b.get("input", {}), c)}
         return b
 
     def _file(self, fp, st, sessions):
@@ -586,8 +269,7 @@ class ClaudeCodeIngester:
             first = f.readline()
             while first and first.isspace(): first = f.readline()
             if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
-            try: fmt = _record_format(orjson.loads(first))
-            except orjson.JSONDecodeError: fmt = None
+            fmt = record_format(loads_line(first)[0]) if first else None
             if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
             yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f)
         self._scanned.add(fp)
@@ -608,9 +290,8 @@ class ClaudeCodeIngester:
         for raw in lines:
             if raw.isspace(): continue  # blank line (isspace stops at the first other byte: no copy)
             st.n_records_total += 1
-            try: rec = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
+            rec, why = loads_line(raw)
+            if why is not None: skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
             if not isinstance(rec, dict): skip("<not an object>"); continue
             typ, uid = rec.get("type"), rec.get("uuid")
             if isinstance(uid, str): uuids.add(uid)
@@ -712,16 +393,14 @@ def _scan_task_prompts(fp, prompts):
     with open(fp, "rb") as f:
         for raw in f:
             if b'"tool_use"' not in raw and b'agentId' not in raw: continue
-            try: rec = orjson.loads(raw)
-            except orjson.JSONDecodeError: continue
+            rec = loads_line(raw)[0]
             if isinstance(rec, dict) and rec.get("type") in ("assistant", "user"): _note_task(rec, rec["type"], calls, prompts)
 
 def _first_session_id(fp, max_lines=50):
     with open(fp, "rb") as f:
         for i, raw in enumerate(f):
             if i >= max_lines: break
-            try: rec = orjson.loads(raw)
-            except orjson.JSONDecodeError: continue
+            rec = loads_line(raw)[0]
             if isinstance(rec, dict) and isinstance(rec.get("sessionId"), str): return rec["sessionId"]
     return None
 
@@ -739,16 +418,20 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
     try: states = ing.ingest(Path(src))
     except (FileNotFoundError, ValueError) as e: return fail(str(e))
     outp = Path(out)
-    try: fh = open(outp, "wb")
+    if outp.is_dir(): return fail(f"cannot write --out {str(out)!r}: it is a folder")
+    try: fd, tmp = tempfile.mkstemp(dir=outp.parent, prefix=f".{outp.name}.", suffix=".tmp")  # `out` appears only when complete
     except OSError as e: return fail(f"cannot write --out {str(out)!r}: {e.strerror}")
+    os.close(fd); tmp = Path(tmp)
+    def drop(): tmp.unlink(missing_ok=True)
     try:
-        with fh, tqdm(states, desc="ingest", unit=" states", disable=not progress, file=sys.stderr, leave=False) as bar:
-            for s in bar: fh.write(orjson.dumps(s) + b"\n")
-    except OSError as e: return fail(f"while reading {str(src)!r}: {e.strerror or e}")
+        with JsonlAppender(tmp) as w, tqdm(states, desc="ingest", unit=" states", disable=not progress, file=sys.stderr, leave=False) as bar:
+            for s in bar: w.write(s)
+    except OSError as e: drop(); return fail(f"while reading {str(src)!r}: {e.strerror or e}")
+    except BaseException: drop(); raise
     st = ing.last_stats
     unreadable = st.n_bad_json_lines + st.skipped_truncated_lines + st.skipped_record_types.get("<not an object>", 0)
     if st.n_states_emitted == 0 and st.n_files == 0 and (st.skipped_codex_files or st.skipped_subagent_files):
-        outp.unlink(missing_ok=True)
+        drop()
         if st.skipped_codex_files and not st.skipped_subagent_files:
             return fail(f"{str(src)!r} is a Codex CLI rollout, not Claude Code session JSONL ({st.skipped_codex_files} file(s)): "
                         "read it with composer_replication.ingestion.codex.CodexIngester")
@@ -756,12 +439,14 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
                     + (f", {st.skipped_codex_files} Codex CLI rollout(s)" if st.skipped_codex_files else "")
                     + "), which are skipped by default: ingest them with skip_sidechain=False (--subagents)")
     if st.n_states_emitted == 0 and st.n_records_total and st.skipped_subagent == st.n_records_total:
-        outp.unlink(missing_ok=True)
+        drop()
         return fail(f"{str(src)!r} holds only subagent (isSidechain) records, which are skipped by default: "
                     "ingest them with skip_sidechain=False (--subagents)")
     if st.n_records_total == 0 or unreadable == st.n_records_total:
-        outp.unlink(missing_ok=True)
+        drop()
         return fail(f"{str(src)!r} is not Claude Code session JSONL: no line is a JSON object")
+    try: os.replace(tmp, outp)
+    except OSError as e: drop(); return fail(f"cannot write --out {str(out)!r}: {e.strerror}")
     print(f"wrote {st.n_states_emitted} states ({st.n_tool_use_blocks} tool calls) from {st.n_files} file(s) to {out}")
     print(f"records: {st.n_records_total} read, {st.n_records_used} used, {st.n_records_skipped} skipped "
           f"(subagent {st.skipped_subagent}, summary {st.skipped_summary}, truncated {st.skipped_truncated_lines}, "

@@ -8,8 +8,9 @@ import bisect, json, re
 from pathlib import Path
 from typing import Iterator
 import orjson
-from .claude_code import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, estimate_tokens, redact_secrets, render_action)
+from ..jsonl import loads_line
+from .core import (
+    SYSTEM_PROMPT, IngestionStats, TraceState, normalize_blocks, redact_json, redact_secrets, render_action, token_counter)
 
 # %% auto #0
 __all__ = ['parse_tool_output', 'is_injected_context', 'CodexIngester']
@@ -86,20 +87,6 @@ def _dumps(o):
     try: return orjson.dumps(o).decode()
     except TypeError: return json.dumps(o, ensure_ascii=False)
 
-def _counter(tokenizer):
-    "Message size in tokens: `estimate_tokens`, or content + tool-call tokens by `tokenizer` plus 4."
-    if tokenizer is None: return estimate_tokens
-    enc = getattr(tokenizer, "encode", None)
-    def n(s):
-        if not s: return 0
-        r = enc(s) if enc is not None else tokenizer(s)
-        return r if isinstance(r, int) else len(r)
-    def count(m):
-        k = n(m.get("content") or "")
-        for tc in m.get("tool_calls") or (): k += n(tc["function"]["name"]) + n(tc["function"]["arguments"])
-        return k + 4
-    return count
-
 class _Rollout:
     "History, open turn and pending inputs of one rollout file."
     def __init__(self, ing, st, stem):
@@ -151,7 +138,8 @@ class _Rollout:
         state = None
         if self.first_user is None: st.skipped_no_user_turn += 1  # nothing the user asked: kept as history only
         else:
-            state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks))
+            state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks),
+                               action=normalize_blocks(blocks))
             self.idx += 1; st.n_assistant_turns += 1
             for b in blocks:
                 if b["type"] == "text": st.n_text_blocks += 1
@@ -220,12 +208,6 @@ def _history_message(ing, p):
     if role == "user": return {"role": "user", "content": text}, not is_injected_context(text)
     return {"role": "system" if role != "assistant" else "assistant", "content": text}, False
 
-def _redact_obj(o, counts):
-    if isinstance(o, str): return redact_secrets(o, counts)
-    if isinstance(o, dict): return {redact_secrets(k, counts): _redact_obj(v, counts) for k, v in o.items()}
-    if isinstance(o, list): return [_redact_obj(v, counts) for v in o]
-    return o
-
 # %% ../../nbs/11_ingestion.codex.ipynb #2c484baa
 class CodexIngester:
     "Convert Codex CLI rollout JSONL to a stream of TraceStates, one per model response."
@@ -240,11 +222,9 @@ class CodexIngester:
         if not isinstance(system_prompt, str): raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
         if max_history_tokens is not None and (not isinstance(max_history_tokens, int) or isinstance(max_history_tokens, bool) or max_history_tokens <= 0):
             raise ValueError(f"max_history_tokens must be a positive int or None, got {max_history_tokens!r}")
-        if tokenizer is not None and not (hasattr(tokenizer, "encode") or callable(tokenizer)):
-            raise TypeError("tokenizer must have an .encode(str) method or be a callable str -> tokens")
+        self._count = token_counter(tokenizer)  # TypeError for a tokenizer it cannot use
         self.system_prompt, self.skip_sidechain, self.strip_thinking = system_prompt, bool(skip_sidechain), bool(strip_thinking)
         self.max_history_tokens, self.tokenizer, self.redact_secrets = max_history_tokens, tokenizer, bool(redact_secrets)
-        self._count = _counter(tokenizer)
         self.last_stats = IngestionStats()
 
     def ingest(self, path:Path, # a rollout `.jsonl` file, or a folder walked for `rollout-*.jsonl`
@@ -277,8 +257,8 @@ class CodexIngester:
                 if raw.isspace(): continue
                 if first and raw.startswith(_BOM): raw = raw[len(_BOM):]
                 st.n_records_total += 1
-                try: rec = orjson.loads(raw)
-                except orjson.JSONDecodeError:
+                rec, why = loads_line(raw)
+                if why is not None:
                     skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
                 if not isinstance(rec, dict): skip("<not an object>"); continue
                 was_first, first = first, False
@@ -338,7 +318,7 @@ class CodexIngester:
         if t in ("function_call", "custom_tool_call", "local_shell_call", "web_search_call"):
             b = self._call(tr, p, t)
             if b is None: skip(f"response_item/{t}/bad"); return None
-            if red: b["input"] = _redact_obj(b["input"], st.redactions)
+            if red: b["input"] = redact_json(b["input"], st.redactions)
             st.n_records_used += 1
             return tr.respond([b])
         if t in ("function_call_output", "custom_tool_call_output"):

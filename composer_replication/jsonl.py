@@ -98,6 +98,7 @@ def write_jsonl(path:str|Path, # the file to (re)write; parent folders are creat
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, _file_mode(path))  # mkstemp makes 0600; keep the file's mode, or what the umask gives a new file
         with os.fdopen(fd, "wb") as f:
             f.writelines(lines); f.flush(); os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -125,6 +126,11 @@ class JsonlAppender:
     def close(self): self.f.close()
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
+
+def _file_mode(path):
+    if path.exists(): return path.stat().st_mode & 0o777
+    umask = os.umask(0); os.umask(umask)
+    return 0o666 & ~umask
 
 def _ends_with_newline(path):
     with open(path, "rb") as f:

@@ -26,10 +26,17 @@ setup() {
   export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 }
 
+# The docs test opens the built site in a real headless browser: Debian's chromium (installed when root and missing).
+browser() {
+  if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
+  fi
+}
+
 case "${1:-}" in
   setup) setup ;;
   main)  setup; shift; exec composer-replication demo "$@" ;;
-  test)  setup; shift; exec .venv/bin/python tools/run_tests.py "$@" ;;
+  test)  setup; browser; shift; exec .venv/bin/python tools/run_tests.py "$@" ;;
   docs)  setup; shift; exec .venv/bin/python tools/docs.py "$@" ;;
   *) echo "usage: bash tools/run.sh {main|test|setup|docs}" >&2; exit 2 ;;
 esac

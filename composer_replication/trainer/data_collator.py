@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence, TypedDict
 import torch
 
 from ..hint_generator import classify_error, dispatch
-from ..ingestion.claude_code import action_to_message
+from ..ingestion.core import action_to_message, as_blocks
 from ..loss import model_sequence_logprobs
 from ..teacher_replay import openai_messages
 
@@ -404,7 +404,12 @@ class ComposerDataCollator:
         for k in ("chosen", "rejected"):
             if k not in p: raise ValueError(f"{w}: has no '{k}' action")
             if not isinstance(p[k], str): raise TypeError(f"{w}: {k} must be a string (a student_action), got {type(p[k]).__name__}")
-            m = action_to_message(_clean(p[k], self.stats), self.config.keep_thinking)
+            blocks = p.get(f"{k}_action")  # the structured action, when the pair carries it: no string round trip
+            if blocks is not None:
+                try: act = as_blocks(blocks)
+                except (TypeError, ValueError) as e: raise type(e)(f"{w}: {k}_action: {e}") from None
+            else: act = _clean(p[k], self.stats)
+            m = action_to_message(act, self.config.keep_thinking)
             acts.append(_messages([m], f"{w}.{k}", "message", self.stats)[0])
         return None if any(_empty(m) for m in acts) else (prompt, acts)
 
@@ -532,7 +537,7 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
     examples, where = [], {}
     for g in groups:
         last = g[-1]
-        msgs = list(last["messages"]) + [action_to_message(last["student_action"])]
+        msgs = list(last["messages"]) + [action_to_message(last.get("action") or last["student_action"])]  # blocks: parsed once, at ingestion
         _messages(msgs, f"state {last['state_id']!r:.60}", "message")  # every state of the group is a prefix of this one
         ex = TraceExample(trace_id=g[0]["state_id"], turns=_turns(msgs), dpo_pairs=[], state_ids=[s["state_id"] for s in g])
         if reward is not None: ex["final_reward"] = reward
@@ -543,15 +548,16 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
     for p in pairs: examples[where[p["state_id"]]]["dpo_pairs"].append(p)
     return examples
 
-def trace_examples_from_session(path:str|Path, # a session .jsonl file or a project folder
-                                ingester=None, # a ClaudeCodeIngester (default: ClaudeCodeIngester())
+def trace_examples_from_session(path:str|Path, # a session file or a folder of them (Claude Code or Codex CLI)
+                                ingester=None, # a trace source (default: `make_ingester(source, path=path)`)
                                 pairs:Sequence[dict]|None=None, # DPOPairs to attach by state_id
                                 final_reward:float|None=None, # reward for every example
+                                source:str="auto", # "auto" (detected from the file), "claude-code" or "codex"; ignored with `ingester`
                                ) -> list[TraceExample]:
-    "Ingest a Claude Code session and return its TraceExamples with their tool errors and DPO pairs."
-    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    "Ingest an agent session and return its TraceExamples with their tool errors and DPO pairs."
+    from composer_replication.ingestion.core import make_ingester
     if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
-    ingester = ingester or ClaudeCodeIngester()
+    ingester = ingester or make_ingester(source, path=path)
     if not callable(getattr(ingester, "ingest", None)): raise TypeError(f"ingester must have an ingest(path) method, got {type(ingester).__name__}")
     return trace_examples_from_states(list(ingester.ingest(Path(path))), pairs=pairs, final_reward=final_reward)
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .opsd import _as_device
+from .checks import as_device
 
 # %% auto #0
 __all__ = ['SYSTEM', 'VARIANTS', 'build_batch']
@@ -87,7 +87,7 @@ def build_batch(
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
     if not isinstance(align_sdpo_shapes, bool): raise TypeError(f"align_sdpo_shapes must be a bool, got {type(align_sdpo_shapes).__name__}")
-    device = _as_device(device)
+    device = as_device(device)
     pad_id = getattr(tokenizer, "pad_token_id", None)
     if pad_id is None: pad_id = getattr(tokenizer, "eos_token_id", None)
     if pad_id is None: pad_id = 0

@@ -15,10 +15,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING: from composer_replication.loss import LossConfig
 
 # %% auto #0
-__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DemoInputError', 'DemoConfig',
-           'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
+__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DEMO_WEIGHTS',
+           'DemoInputError', 'DemoConfig', 'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
 
 # %% ../nbs/40_demo.ipynb #a8ec27d1
 SAMPLE_SESSION = Path(importlib.resources.files("composer_replication"))/"assets"/"sample_session"/"demo-calc-fix.jsonl"
@@ -78,18 +81,20 @@ class DemoConfig:
     name: str|None = None         # run folder name; None: demo-<time>
     steps: int = 30               # optimizer steps
     lr: float = 3e-3              # learning rate
-    alpha_sdpo: float = 0.5       # channel-2 weight
-    beta_replay: float = 0.5      # channel-3 weight
+    alpha_sdpo: float|None = None # channel-2 weight; None: `loss`'s when it is given, else 0.5
+    beta_replay: float|None = None # channel-3 weight; None: `loss`'s when it is given, else 0.5
     max_total_usd: float = 1.0    # replay budget (never exceeded)
     max_seq_len: int = 768        # collator cap (latest turns kept)
     max_dpo_seq_len: int = 384    # collator cap for pairs (response kept whole)
     seed: int = 0                 # seeds the tiny model's weights and the trainer (numpy needs 0 <= seed < 2**32)
+    loss: LossConfig|dict|None = None  # every loss option (a LossConfig, or a dict of its fields from a recipe file); the weights above override its own
 
     def __post_init__(self):
         for k, lo, hi in (("steps", 1, None), ("max_seq_len", 2, None), ("max_dpo_seq_len", 2, None), ("seed", 0, 2**32 - 1)):
             setattr(self, k, _int(k, getattr(self, k), lo, hi))
         self.lr = _real("lr", self.lr, positive=True)
-        for k in ("alpha_sdpo", "beta_replay", "max_total_usd"): setattr(self, k, _real(k, getattr(self, k)))
+        for k in ("alpha_sdpo", "beta_replay", "max_total_usd"):
+            if getattr(self, k) is not None or k == "max_total_usd": setattr(self, k, _real(k, getattr(self, k)))
         if self.session is not None:
             p = _path("session", self.session)
             if not p.exists(): raise _bad("session", f"not found: {self.session}", FileNotFoundError)
@@ -115,6 +120,23 @@ class DemoConfig:
             if not isinstance(self.name, str): raise _bad("name", f"must be a str, got {type(self.name).__name__}", TypeError)
             if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\x00"):
                 raise _bad("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
+        self.loss = _loss_config(self.loss, self.alpha_sdpo, self.beta_replay)   # last: a bad flag is reported before torch is imported
+        self.alpha_sdpo, self.beta_replay = self.loss.alpha_sdpo, self.loss.beta_replay
+
+DEMO_WEIGHTS = {"alpha_sdpo": 0.5, "beta_replay": 0.5}  # the demo's channel weights when neither a flag nor `loss` sets them
+
+def _loss_config(loss, alpha_sdpo, beta_replay):
+    "The run's LossConfig: `loss` (a LossConfig, a dict of its options, or None for the demo's weights) with the weight fields over it."
+    from composer_replication.loss import LossConfig
+    if loss is None: loss = LossConfig(**DEMO_WEIGHTS)
+    elif isinstance(loss, dict):
+        try: loss = LossConfig.from_dict(loss)
+        except (TypeError, ValueError) as e: raise type(e)(f"loss: {e}") from None
+    elif not isinstance(loss, LossConfig):
+        raise TypeError(f"loss: must be a LossConfig (composer_replication.loss) or a dict of its options, got {type(loss).__name__}")
+    if loss.taid_t is not None: raise ValueError("loss: taid_t must be None: the trainer's TAIDScheduler drives TAID's t")
+    weights = {k: v for k, v in (("alpha_sdpo", alpha_sdpo), ("beta_replay", beta_replay)) if v is not None}
+    return loss.replace(**weights) if weights else loss
 
 # %% ../nbs/40_demo.ipynb #4194460a
 def _price(it, price):
@@ -324,8 +346,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     args = TrainingArguments(output_dir=str(run/"checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=1, learning_rate=cfg.lr,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=not _cuda(), seed=cfg.seed,
                              disable_tqdm=True, lr_scheduler_type="constant")
-    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=collator,
-                                     alpha_sdpo=cfg.alpha_sdpo, beta_replay=cfg.beta_replay)
+    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=collator, loss_config=cfg.loss)
     trainer.remove_callback(PrinterCallback)  # no dict per step on stdout; a bar with the channels instead
     if progress: trainer.add_callback(_channel_bar(cfg.steps))
     t2 = time.perf_counter()

@@ -5,27 +5,31 @@
 # %% ../nbs/06_loss.ipynb #08aa3dc0
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
 import warnings
 from collections import abc
 from dataclasses import dataclass
-from typing import Literal
+from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .opsd import (
-    generalized_jsd_loss, linear_generalized_jsd_loss, _check_same, _check_tensor, _number, _value_range)
-from .distillation import (simpo_loss, avg_sequence_logprob, taid_loss, entropy_aware_opd_loss)
-from .distillation.simpo import _check_logps
-from .distillation.taid import _check_t, _taid_per_token
-from .distillation.entropy_aware_opd import _eopd_per_token, _h_max
+from .checks import (
+    acc_dtype, check_choice, check_int_tensor, check_logps, check_number, check_positive_int, check_range, check_same_device_dtype,
+    check_tensor, check_unit_interval, value_range)
+from .opsd import generalized_jsd_loss, linear_generalized_jsd_loss
+from .distillation import simpo_loss, avg_sequence_logprob, taid_loss, entropy_aware_opd_loss
+from .distillation.taid import taid_per_token
+from .distillation.entropy_aware_opd import entropy_aware_opd_per_token
 
 # %% auto #0
-__all__ = ['SDPO_KEYS', 'DPO_KEYS', 'DPO_REF_KEYS', 'dpo_loss', 'token_logprobs', 'sequence_logprobs', 'linear_cross_entropy',
-           'linear_token_logprobs', 'sdpo_alignment', 'LossComponents', 'model_sequence_logprobs', 'sdpo_channel_loss',
-           'replay_channel_loss', 'compose_loss']
+__all__ = ['SDPO_CRITERIA', 'REPLAY_CRITERIA', 'LOSS_OPTIONS', 'SDPO_KEYS', 'DPO_KEYS', 'DPO_REF_KEYS', 'dpo_loss',
+           'token_logprobs', 'sequence_logprobs', 'linear_cross_entropy', 'linear_token_logprobs', 'linear_pair_loss',
+           'sdpo_alignment', 'ReplayCriterion', 'LossConfig', 'LossComponents', 'model_sequence_logprobs',
+           'sdpo_channel_loss', 'replay_channel_loss', 'compose_loss']
 
 # %% ../nbs/06_loss.ipynb #ba44356a
 def dpo_loss(
@@ -37,32 +41,26 @@ def dpo_loss(
     beta:float=0.1, # inverse temperature of the implicit reward, > 0
 )->Tensor: # scalar mean over pairs (0 for an empty batch)
     "Sigmoid DPO loss with precomputed reference log-probabilities (Rafailov et al., 2023)."
-    _check_logps(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
+    check_logps(policy_chosen_logps=policy_chosen_logps, policy_rejected_logps=policy_rejected_logps,
                  ref_chosen_logps=ref_chosen_logps, ref_rejected_logps=ref_rejected_logps)
-    if not 0 < _number(beta, "beta") < math.inf: raise ValueError(f"beta must be > 0 (and finite), got {beta}")
+    if not 0 < check_number(beta, "beta") < math.inf: raise ValueError(f"beta must be > 0 (and finite), got {beta}")
     logits = (policy_chosen_logps - ref_chosen_logps.detach()) - (policy_rejected_logps - ref_rejected_logps.detach())
     losses = -F.logsigmoid(beta * logits)
     return losses.sum() / max(losses.numel(), 1)
 
 # %% ../nbs/06_loss.ipynb #d58ebc63
-def _check_int_tensor(x, name, what="token ids"):
-    "A TypeError naming `name` unless `x` is an integer (not bool) tensor."
-    _check_tensor(x, name)
-    if x.dtype == torch.bool or x.is_floating_point() or x.is_complex():
-        raise TypeError(f"{name} must be an integer tensor of {what}, got dtype {x.dtype}")
-
 def token_logprobs(
     logits:Tensor, # (B, T, V) model outputs
     input_ids:Tensor, # (B, T) the tokens the logits were computed on, integer ids in [0, V)
 )->Tensor: # (B, T-1): log-prob of input_ids[:, 1:] given the prefix
     "Log-probability of each next token: logits[:, t] scored at input_ids[:, t+1]."
-    _check_tensor(logits, "logits", floating=True); _check_int_tensor(input_ids, "input_ids")
+    check_tensor(logits, "logits", floating=True); check_int_tensor(input_ids, "input_ids")
     if logits.dim() != 3 or input_ids.shape != logits.shape[:2]:
         raise ValueError(f"logits {tuple(logits.shape)} must be (B, T, V) over input_ids {tuple(input_ids.shape)}")
     if input_ids.device != logits.device: raise ValueError(f"input_ids is on {input_ids.device} but logits on {logits.device}")
     V = logits.shape[-1]
     if input_ids.numel():
-        lo, hi = _value_range(input_ids)
+        lo, hi = value_range(input_ids)
         if lo < 0 or hi >= V: raise ValueError(f"input_ids must be token ids in [0, {V}), got values in [{lo}, {hi}]")
     z = logits[:, :-1]
     return z.gather(-1, input_ids[:, 1:, None]).squeeze(-1) - torch.logsumexp(z, -1)
@@ -74,34 +72,31 @@ def sequence_logprobs(
     average:bool=False, # True: mean over response tokens (SimPO), False: sum (DPO)
 )->Tensor: # (B,)
     "Summed (or averaged) log-probability of each row's response tokens."
-    _check_tensor(response_mask, "response_mask"); _check_tensor(input_ids, "input_ids")
+    check_tensor(response_mask, "response_mask"); check_tensor(input_ids, "input_ids")
     if response_mask.shape != input_ids.shape:
         raise ValueError(f"response_mask {tuple(response_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
     lp, m = token_logprobs(logits, input_ids), response_mask[:, 1:]
     return avg_sequence_logprob(lp, m) if average else (lp * m.to(lp.dtype)).sum(-1)
 
 # %% ../nbs/06_loss.ipynb #29854664
-def _acc_dtype(x): return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
-
 def _check_linear(hidden, weight, targets, chunk_size, t_name="targets"):
-    _check_tensor(hidden, "hidden", floating=True); _check_tensor(weight, "weight", floating=True)
-    _check_int_tensor(targets, t_name, "target ids")
+    check_tensor(hidden, "hidden", floating=True); check_tensor(weight, "weight", floating=True)
+    check_int_tensor(targets, t_name, "target ids")
     if hidden.dim() < 2: raise ValueError(f"hidden must be (N, d) or (B, T, d), got {tuple(hidden.shape)}")
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1] or weight.shape[0] == 0:
         raise ValueError(f"weight must be (V, d) with V >= 1 and d={hidden.shape[-1]}, got {tuple(weight.shape)}")
-    _check_same(dict(hidden=hidden, weight=weight), "hidden")
+    check_same_device_dtype(dict(hidden=hidden, weight=weight), "hidden")
     if targets.shape != hidden.shape[:-1]:
         raise ValueError(f"{t_name} {tuple(targets.shape)} must match hidden's token shape {tuple(hidden.shape[:-1])}")
     if targets.device != hidden.device: raise ValueError(f"{t_name} is on {targets.device} but hidden on {hidden.device}")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    check_positive_int(chunk_size, "chunk_size")
 
 def _valid_rows(hidden, targets, ignore_index, vocab):
     h, y = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     valid = y != ignore_index
     h, y = h[valid], y[valid]
     if y.numel():
-        lo, hi = _value_range(y)
+        lo, hi = value_range(y)
         if lo < 0 or hi >= vocab:
             raise ValueError(f"targets must be in [0, {vocab}) or ignore_index={ignore_index}, got values in [{lo}, {hi}]")
     return h, y, valid
@@ -112,7 +107,7 @@ class _LinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, w, y, eps, chunk_size, scale, grad_on):
         need_h, need_w = grad_on and ctx.needs_input_grad[0], grad_on and ctx.needs_input_grad[1]
-        acc, (n, V) = _acc_dtype(h), (h.shape[0], w.shape[0])
+        acc, (n, V) = acc_dtype(h), (h.shape[0], w.shape[0])
         g_h = torch.empty_like(h) if need_h else None
         g_w = torch.zeros(w.shape, dtype=acc, device=w.device) if need_w else None
         total = torch.zeros((), dtype=acc, device=h.device)
@@ -155,7 +150,7 @@ def linear_cross_entropy(
     "`F.cross_entropy(hidden @ weight.T, targets)` computed chunk by chunk over tokens."
     _check_linear(hidden, weight, targets, chunk_size)
     if reduction not in ("mean", "sum"): raise ValueError(f'reduction must be "mean" or "sum", got {reduction!r}')
-    if not 0.0 <= _number(label_smoothing, "label_smoothing") <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if not 0.0 <= check_number(label_smoothing, "label_smoothing") <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int): raise TypeError(f"ignore_index must be an int, got {ignore_index!r}")
     h, y, _ = _valid_rows(hidden, targets, ignore_index, weight.shape[0])
     scale = 1.0 / max(y.numel(), 1) if reduction == "mean" else 1.0
@@ -166,7 +161,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     "Chunked log p(y | h); backward recomputes each chunk's logits."
     @staticmethod
     def forward(ctx, h, w, y, chunk_size):
-        acc, n = _acc_dtype(h), h.shape[0]
+        acc, n = acc_dtype(h), h.shape[0]
         out = torch.empty(n, dtype=acc, device=h.device); lse = torch.empty(n, dtype=acc, device=h.device)
         for i in range(0, n, chunk_size):
             j = min(i + chunk_size, n)
@@ -183,7 +178,7 @@ class _LinearTokenLogprobs(torch.autograd.Function):
     def backward(ctx, g):
         h, w, y, lse = ctx.saved_tensors
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        acc, n = _acc_dtype(h), h.shape[0]
+        acc, n = acc_dtype(h), h.shape[0]
         g_h = torch.empty_like(h) if need_h else None
         g_w = torch.zeros(w.shape, dtype=acc, device=w.device) if need_w else None
         g = g.to(acc)
@@ -219,7 +214,7 @@ class _LinearPairLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hs, ht, w, fn, chunk_size, scale, grad_on):
         need_h, need_w = grad_on and ctx.needs_input_grad[0], grad_on and ctx.needs_input_grad[2]
-        acc, n = _acc_dtype(hs), hs.shape[0]
+        acc, n = acc_dtype(hs), hs.shape[0]
         g_h = torch.empty_like(hs) if need_h else None
         g_w = torch.zeros(w.shape, dtype=acc, device=w.device) if need_w else None
         total = torch.zeros((), dtype=acc, device=hs.device)
@@ -247,13 +242,34 @@ class _LinearPairLoss(torch.autograd.Function):
         g_h, g_w = ctx.saved_tensors
         return (None if g_h is None else g_h * g, None, None if g_w is None else g_w * g, None, None, None, None)
 
+def linear_pair_loss(
+    per_token:Callable, # (C, V) student logits, (C, V) teacher logits -> (C,) per-token loss, differentiable in the student
+    student_hidden:Tensor, # (N, d) final hidden states of the student, with grad
+    teacher_hidden:Tensor, # (N, d) the teacher's (treated as a constant)
+    weight:Tensor, # (V, d) LM-head weight
+    *,
+    chunk_size:int=1024, # tokens per chunk: only (chunk_size, V) logits exist at a time
+)->Tensor: # () mean of the per-token loss over the N tokens (0 with a gradient when N = 0)
+    "`per_token(student_hidden @ weight.T, teacher_hidden @ weight.T).mean()` computed chunk by chunk; the teacher gets no gradient."
+    xs = dict(student_hidden=student_hidden, teacher_hidden=teacher_hidden, weight=weight)
+    for name, x in xs.items(): check_tensor(x, name, floating=True)
+    if not callable(per_token): raise TypeError(f"per_token must be a function of (student_logits, teacher_logits), got {type(per_token).__name__}")
+    if student_hidden.dim() != 2 or teacher_hidden.shape != student_hidden.shape:
+        raise ValueError(f"student_hidden {tuple(student_hidden.shape)} and teacher_hidden {tuple(teacher_hidden.shape)} must both be (N, d)")
+    if weight.dim() != 2 or weight.shape[1] != student_hidden.shape[-1] or weight.shape[0] == 0:
+        raise ValueError(f"weight must be (V, d) with V >= 1 and d={student_hidden.shape[-1]}, got {tuple(weight.shape)}")
+    check_same_device_dtype(xs, "student_hidden"); check_positive_int(chunk_size, "chunk_size")
+    fn = lambda zs, zt: per_token(zs, zt).sum()
+    n = student_hidden.shape[0]
+    return _LinearPairLoss.apply(student_hidden, teacher_hidden.detach(), weight, fn, chunk_size, 1.0 / max(n, 1), torch.is_grad_enabled())
+
 # %% ../nbs/06_loss.ipynb #62e1095a
 def sdpo_alignment(
     student_mask:Tensor, # (B, T_s) 1 on the student's target tokens to distill
     teacher_mask:Tensor, # (B, T_t) 1 on the teacher's corresponding target tokens
 )->tuple[Tensor, Tensor, Tensor]: # (rows, student_pos, teacher_pos), each (N,): the *predicting* positions
     "Pair the k-th marked student target with the k-th marked teacher target in each row."
-    _check_tensor(student_mask, "sdpo_student_mask"); _check_tensor(teacher_mask, "sdpo_loss_mask")
+    check_tensor(student_mask, "sdpo_student_mask"); check_tensor(teacher_mask, "sdpo_loss_mask")
     if student_mask.dim() != 2 or teacher_mask.dim() != 2 or student_mask.shape[0] != teacher_mask.shape[0]:
         raise ValueError(f"sdpo_student_mask {tuple(student_mask.shape)} and sdpo_loss_mask {tuple(teacher_mask.shape)} "
                          "must both be (B, T) with the same B")
@@ -268,6 +284,129 @@ def sdpo_alignment(
     rows, s_pos = sm.nonzero(as_tuple=True)
     _, t_pos = tm.nonzero(as_tuple=True)
     return rows, s_pos - 1, t_pos - 1
+
+# %% ../nbs/06_loss.ipynb #54076ffc
+def _sdpo_jsd(student, teacher, config, lm_head=None):
+    "Generalized JSD (`generalized_jsd_loss`; chunked: `linear_generalized_jsd_loss` with a no-grad teacher head)."
+    kw = dict(beta=config.sdpo_jsd_beta, temperature=config.sdpo_temperature, token_clip=config.sdpo_token_clip)
+    if lm_head is None: return generalized_jsd_loss(student, teacher, **kw)
+    return linear_generalized_jsd_loss(student, teacher, lm_head, **kw, chunk_size=config.chunk_size, teacher_weight=lm_head.detach())
+
+# the chunked kernels see h @ W.T, which is finite: they skip the guards for masked (-inf) logits
+def _sdpo_taid(student, teacher, config, lm_head=None):
+    "TAID at `config.taid_t` (`taid_loss`; chunked: its per-token kernel)."
+    t = config.taid_t
+    if lm_head is None: return taid_loss(student, teacher, t=t)
+    return linear_pair_loss(lambda zs, zt: taid_per_token(zs, zt, t, finite=True), student, teacher, lm_head, chunk_size=config.chunk_size)
+
+def _sdpo_entropy_opd(student, teacher, config, lm_head=None):
+    "Entropy-aware OPD (`entropy_aware_opd_loss`; chunked: its per-token kernel)."
+    kw = dict(h_max=config.entropy_opd_h_max, temperature=config.sdpo_temperature)
+    if lm_head is None: return entropy_aware_opd_loss(student, teacher, **kw)
+    return linear_pair_loss(lambda zs, zt: entropy_aware_opd_per_token(zs, zt, **kw, finite=True), student, teacher, lm_head,
+                            chunk_size=config.chunk_size)
+
+SDPO_CRITERIA = {"none": _sdpo_jsd, "taid": _sdpo_taid, "entropy_opd": _sdpo_entropy_opd}
+
+class ReplayCriterion(NamedTuple):
+    "A channel-3 criterion: the loss function and what it needs from the batch."
+    fn: Callable # (chosen_logps (P,), rejected_logps (P,), ref_chosen_logps (P,)|None, ref_rejected_logps (P,)|None, config) -> ()
+    average: bool = False # score a response by its mean token log-prob (length-normalized) instead of the sum
+    needs_reference: bool = True # needs dpo_{chosen,rejected}_ref_logprobs (a frozen reference model)
+
+def _replay_dpo(chosen, rejected, ref_chosen, ref_rejected, config):
+    "Sigmoid DPO against the precomputed reference log-probs."
+    return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.replay_dpo_beta)
+
+def _replay_simpo(chosen, rejected, ref_chosen, ref_rejected, config):
+    "Reference-free SimPO on length-normalized log-probs."
+    return simpo_loss(chosen, rejected, beta=config.simpo_beta, gamma=config.simpo_gamma)
+
+REPLAY_CRITERIA = {"dpo": ReplayCriterion(_replay_dpo), "simpo": ReplayCriterion(_replay_simpo, average=True, needs_reference=False)}
+
+def _criterion(registry, name, option):
+    "The registry entry for `name`, or the ValueError a LossConfig gives (also for a variant removed after the config was made)."
+    return registry[check_choice(name, option, registry)]
+
+# %% ../nbs/06_loss.ipynb #87a9dbce
+_RANGES = {  # numeric options: (low, high, low allowed, high allowed, None allowed)
+    "alpha_sdpo": (0, math.inf, True, False, False), "beta_replay": (0, math.inf, True, False, False),
+    "sdpo_jsd_beta": (0, 1, True, True, False), "sdpo_temperature": (0, math.inf, False, False, False),
+    "sdpo_token_clip": (0, math.inf, True, True, True), "replay_dpo_beta": (0, math.inf, False, False, False),
+    "lm_ce_label_smoothing": (0, 1, True, False, False), "simpo_beta": (0, math.inf, False, False, False),
+    "simpo_gamma": (-math.inf, math.inf, False, False, False), "entropy_opd_h_max": (0, math.inf, False, False, True)}
+
+@dataclass(frozen=True)
+class LossConfig:
+    "Every option of the three-channel loss, with the reference's defaults; checked when made."
+    alpha_sdpo: float = 0.1 # weight of the SDPO channel (2); 0 disables it
+    beta_replay: float = 0.05 # weight of the trace-replay channel (3); 0 disables it
+    sdpo_jsd_beta: float = 0.5 # JSD beta: 0 forward KL, 0.5 JSD, 1 reverse KL
+    sdpo_temperature: float = 1.0 # softmax temperature in SDPO (JSD and entropy_opd)
+    sdpo_token_clip: float|None = None # per-token JSD clamp
+    replay_dpo_beta: float = 0.1 # DPO beta
+    lm_ce_label_smoothing: float = 0.0 # label smoothing of channel 1, in [0, 1)
+    dpo_variant: str = "dpo" # channel-3 criterion, a key of REPLAY_CRITERIA ("dpo", "simpo")
+    sdpo_wrapper: str = "none" # channel-2 criterion, a key of SDPO_CRITERIA ("none": the JSD, "taid", "entropy_opd")
+    taid_t: float|None = None # TAID interpolation coefficient in [0, 1]; needed by compose_loss with sdpo_wrapper="taid"
+    simpo_beta: float = 2.0 # SimPO beta
+    simpo_gamma: float = 1.0 # SimPO target margin
+    entropy_opd_h_max: float|None = None # entropy normalizer of entropy_opd; None = log(V)
+    chunk_size: int|None = None # None: full logits; int: every channel chunked over tokens from hidden states
+
+    def __post_init__(self):
+        check_choice(self.dpo_variant, "dpo_variant", REPLAY_CRITERIA)
+        check_choice(self.sdpo_wrapper, "sdpo_wrapper", SDPO_CRITERIA)
+        if self.taid_t is not None: object.__setattr__(self, "taid_t", check_unit_interval(self.taid_t, "taid_t"))
+        check_positive_int(self.chunk_size, "chunk_size", none_ok=True)
+        for k, (lo, hi, lo_closed, hi_closed, none_ok) in _RANGES.items():
+            object.__setattr__(self, k, check_range(getattr(self, k), k, lo, hi, lo_closed=lo_closed, hi_closed=hi_closed, none_ok=none_ok))
+
+    def to_dict(self)->dict:
+        "The options as a plain dict (JSON- and YAML-ready)."
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls,
+                  d:abc.Mapping, # option name -> value, e.g. a recipe file's loss table; missing options keep their defaults
+                 )->LossConfig:
+        "A checked LossConfig from a dict; an unknown key is a ValueError naming it."
+        if not isinstance(d, abc.Mapping): raise TypeError(f"LossConfig.from_dict needs a dict of options, got {type(d).__name__}")
+        if (bad := _unknown(d, LOSS_OPTIONS)): raise ValueError(f"unknown loss option(s) {bad}{_did_you_mean(bad, LOSS_OPTIONS)}; the options are {list(LOSS_OPTIONS)}")
+        return cls(**d)
+
+    def replace(self, **changes)->LossConfig:
+        "A checked copy with `changes` applied."
+        if (bad := _unknown(changes, LOSS_OPTIONS)):
+            raise TypeError(f"LossConfig.replace() got unknown option(s) {bad}{_did_you_mean(bad, LOSS_OPTIONS)}")
+        return dataclasses.replace(self, **changes)
+
+LOSS_OPTIONS = tuple(f.name for f in dataclasses.fields(LossConfig))
+_SDPO_OPTIONS = ("sdpo_jsd_beta", "sdpo_temperature", "sdpo_token_clip", "sdpo_wrapper", "taid_t", "entropy_opd_h_max", "chunk_size")
+_REPLAY_OPTIONS = ("replay_dpo_beta", "dpo_variant", "simpo_beta", "simpo_gamma", "chunk_size")
+
+def _unknown(d, allowed): return sorted(set(d) - set(allowed), key=repr)
+
+def _did_you_mean(bad, allowed):
+    close = [m for b in bad if isinstance(b, str) for m in difflib.get_close_matches(b, allowed, n=1)]
+    return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
+
+def _loss_config(config, options, where, allowed=LOSS_OPTIONS):
+    "The LossConfig of a call: `config`, or one made from the keyword options (never both)."
+    if config is not None:
+        if not isinstance(config, LossConfig):
+            raise TypeError(f"{where}: config must be a LossConfig, got {type(config).__name__} (LossConfig.from_dict reads a dict)")
+        if options: raise TypeError(f"{where}() got config= and the options {sorted(options)}: pass one or the other "
+                                    "(config.replace(...) changes a config)")
+        return config
+    if (bad := _unknown(options, allowed)):
+        raise TypeError(f"{where}() got unexpected keyword argument(s) {bad}{_did_you_mean(bad, allowed)}; its options are {list(allowed)}")
+    return LossConfig(**options)
+
+def _check_ready(config):
+    "What a run needs that a config may leave unset (the trainers fill TAID's t at every step)."
+    if config.sdpo_wrapper == "taid" and config.taid_t is None:
+        raise ValueError('sdpo_wrapper="taid" requires taid_t (a float in [0, 1], e.g. from TAIDScheduler.t)')
 
 # %% ../nbs/06_loss.ipynb #e58325b1
 @dataclass
@@ -326,10 +465,10 @@ def _model_vocab(model):
 
 def _check_ids(x, name, vocab):
     "Token ids: an integer (B, T) tensor with at least one row and one token, values in [0, vocab) (when `vocab` is known)."
-    _check_int_tensor(x, name)
+    check_int_tensor(x, name)
     if x.dim() != 2: raise ValueError(f"{name} must be (B, T), got {tuple(x.shape)}")
     if x.numel() == 0: raise ValueError(f"{name} is empty, shape {tuple(x.shape)}: a batch needs at least one row and one token")
-    lo, hi = _value_range(x)  # one (B, T) min/max: cheap, and an embedding lookup out of range would be a kernel error
+    lo, hi = value_range(x)  # one (B, T) min/max: cheap, and an embedding lookup out of range would be a kernel error
     if lo < 0 or (vocab is not None and hi >= vocab):
         raise ValueError(f"{name} must be token ids in [0, {'V' if vocab is None else vocab}), got values in [{lo}, {hi}]")
 
@@ -355,50 +494,22 @@ def _sdpo_inputs(inputs, vocab):
     if inputs.get("sdpo_student_mask") is not None: _check_shape(inputs, "sdpo_student_mask", inputs["input_ids"].shape)
     return True
 
-def _replay_inputs(inputs, vocab, dpo_variant):
-    "Whether the batch has (complete) preference pairs (all checked when it has): ids, masks, and (P,) reference log-probs for DPO."
-    need = DPO_KEYS + (DPO_REF_KEYS if dpo_variant == "dpo" else ())
+def _replay_inputs(inputs, vocab, needs_reference):
+    "Whether the batch has (complete) preference pairs (all checked when it has): ids, masks, and (P,) reference log-probs if needed."
+    need = DPO_KEYS + (DPO_REF_KEYS if needs_reference else ())
     if not all(inputs.get(k) is not None for k in need): return False
     _check_inputs(inputs, vocab, "dpo_chosen_input_ids", "dpo_rejected_input_ids")
     for side in ("chosen", "rejected"): _check_shape(inputs, f"dpo_{side}_response_mask", inputs[f"dpo_{side}_input_ids"].shape)
     P, Pr = inputs["dpo_chosen_input_ids"].shape[0], inputs["dpo_rejected_input_ids"].shape[0]
     if Pr != P: raise ValueError(f"inputs['dpo_rejected_input_ids'] has {Pr} rows but inputs['dpo_chosen_input_ids'] {P}: one of each per pair")
-    if dpo_variant == "dpo":
+    if needs_reference:
         for k in DPO_REF_KEYS:
-            _check_tensor(inputs[k], f"inputs[{k!r}]", floating=True)
+            check_tensor(inputs[k], f"inputs[{k!r}]", floating=True)
             if tuple(inputs[k].shape) != (P,):
                 raise ValueError(f"inputs[{k!r}] has shape {tuple(inputs[k].shape)}, expected ({P},): one reference log-prob per pair")
     return True
 
 # %% ../nbs/06_loss.ipynb #a3d4ece5
-_KNOBS = {  # numeric options of compose_loss and the channel functions: (low, low allowed, high, high allowed, None allowed)
-    "alpha_sdpo": (0, True, math.inf, False, False), "beta_replay": (0, True, math.inf, False, False),
-    "sdpo_jsd_beta": (0, True, 1, True, False), "sdpo_temperature": (0, False, math.inf, False, False),
-    "sdpo_token_clip": (0, True, math.inf, True, True), "replay_dpo_beta": (0, False, math.inf, False, False),
-    "lm_ce_label_smoothing": (0, True, 1, False, False), "simpo_beta": (0, False, math.inf, False, False),
-    "simpo_gamma": (-math.inf, False, math.inf, False, False), "entropy_opd_h_max": (0, False, math.inf, False, True)}
-
-def _check_knobs(**knobs):
-    "Each named option a real number (or None where allowed) inside its interval; the error names it and the interval."
-    for k, v in knobs.items():
-        lo, lo_in, hi, hi_in, none_ok = _KNOBS[k]
-        x = _number(v, k, none_ok=none_ok)
-        if x is None: continue
-        if not ((lo <= x if lo_in else lo < x) and (x <= hi if hi_in else x < hi)):
-            raise ValueError(f"{k} must be in {'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
-                             f"{' or None' if none_ok else ''}, got {v}")
-
-def _check_options(dpo_variant="dpo", sdpo_wrapper="none", taid_t=None, chunk_size=None, **knobs):
-    if dpo_variant not in ("dpo", "simpo"): raise ValueError(f'dpo_variant must be "dpo" or "simpo", got {dpo_variant!r}')
-    if sdpo_wrapper not in ("none", "taid", "entropy_opd"):
-        raise ValueError(f'sdpo_wrapper must be "none", "taid" or "entropy_opd", got {sdpo_wrapper!r}')
-    if sdpo_wrapper == "taid":
-        if taid_t is None: raise ValueError('sdpo_wrapper="taid" requires taid_t (a float in [0, 1], e.g. from TAIDScheduler.t)')
-        _check_t(taid_t, "taid_t")
-    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
-        raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}")
-    _check_knobs(**knobs)
-
 def _check_model(model):
     if not callable(model): raise TypeError(f"model must be a causal LM (a callable torch.nn.Module), got {type(model).__name__}")
 
@@ -429,18 +540,17 @@ def model_sequence_logprobs(
     chunk_size:int|None=None, # score from hidden states chunk by chunk (never all logits)
 )->Tensor: # (B,)
     "A model's summed (or averaged) log-probability of each row's response tokens."
-    _check_options(chunk_size=chunk_size); _check_model(model)
+    check_positive_int(chunk_size, "chunk_size", none_ok=True); _check_model(model)
     _check_ids(input_ids, "input_ids", _model_vocab(model))
     for name, m in (("response_mask", response_mask), ("attention_mask", attention_mask)):
         if m is None and name == "attention_mask": continue
-        _check_tensor(m, name)
+        check_tensor(m, name)
         if m.shape != input_ids.shape: raise ValueError(f"{name} {tuple(m.shape)} must match input_ids {tuple(input_ids.shape)}")
     if not isinstance(average, bool): raise TypeError(f"average must be a bool, got {type(average).__name__}")
     return _sequence_logprobs(model, input_ids, response_mask, attention_mask, average, chunk_size)
 
-def _sdpo_loss(model, inputs, student_out, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t,
-               entropy_opd_h_max, chunk_size):
-    "Channel 2 on checked inputs."
+def _sdpo_loss(model, inputs, student_out, config):
+    "Channel 2 on checked inputs, through the criterion `config.sdpo_wrapper` names."
     ids, t_ids, t_mask = inputs["input_ids"], inputs["ctx_teacher_input_ids"], inputs["sdpo_loss_mask"]
     s_mask = inputs.get("sdpo_student_mask")
     if s_mask is None:
@@ -449,127 +559,94 @@ def _sdpo_loss(model, inputs, student_out, sdpo_jsd_beta, sdpo_temperature, sdpo
                           "shape and no sdpo_student_mask aligns them")
             return None
         s_mask = t_mask  # reference behaviour: positionwise when shapes match
+    criterion = _criterion(SDPO_CRITERIA, config.sdpo_wrapper, "sdpo_wrapper")
     rows, s_pos, t_pos = sdpo_alignment(s_mask, t_mask)
-    out = student_out if student_out is not None else _forward(model, inputs, "input_ids", "attention_mask", chunk_size)
-    with torch.no_grad(): t_out = _forward(model, inputs, "ctx_teacher_input_ids", "ctx_teacher_attention_mask", chunk_size)
+    cs = config.chunk_size
+    out = student_out if student_out is not None else _forward(model, inputs, "input_ids", "attention_mask", cs)
+    with torch.no_grad(): t_out = _forward(model, inputs, "ctx_teacher_input_ids", "ctx_teacher_attention_mask", cs)
     s_al, t_al = out[rows, s_pos], t_out[rows, t_pos]  # (N, d) hidden or (N, V) logits
-    n = s_al.shape[0]
-    if chunk_size is None:  # the reference path: the public losses, safe for masked (-inf) logits
-        if sdpo_wrapper == "none":
-            return generalized_jsd_loss(s_al, t_al, beta=sdpo_jsd_beta, temperature=sdpo_temperature, token_clip=sdpo_token_clip)
-        if sdpo_wrapper == "taid": return taid_loss(s_al, t_al, t=taid_t)
-        return entropy_aware_opd_loss(s_al, t_al, h_max=entropy_opd_h_max, temperature=sdpo_temperature)
-    W = _lm_head_weight(model)
-    if sdpo_wrapper == "none":
-        return linear_generalized_jsd_loss(s_al, t_al, W, beta=sdpo_jsd_beta, temperature=sdpo_temperature,
-                                           token_clip=sdpo_token_clip, chunk_size=chunk_size, teacher_weight=W.detach())
-    # h @ W.T is finite, so the per-chunk kernels skip the guards for masked logits
-    if sdpo_wrapper == "taid":
-        tv = float(taid_t)
-        fn = lambda zs, zt: _taid_per_token(zs, zt, tv, tv, finite=True).sum()
-    else:
-        h_max, tau = _h_max(entropy_opd_h_max, W.shape[0]), float(sdpo_temperature)
-        fn = lambda zs, zt: _eopd_per_token(zs, zt, h_max, tau, finite=True).sum()
-    return _LinearPairLoss.apply(s_al, t_al.detach(), W, fn, chunk_size, 1.0 / max(n, 1), torch.is_grad_enabled())
+    if cs is None: return criterion(s_al, t_al, config)  # the reference path: the public losses, safe for masked (-inf) logits
+    return criterion(s_al, t_al, config, lm_head=_lm_head_weight(model))
 
 def sdpo_channel_loss(
     model:torch.nn.Module, # HF causal LM (student and, under no_grad, teacher)
     inputs:dict[str, Tensor], # input_ids (B, T_s), ctx_teacher_input_ids / sdpo_loss_mask (B, T_t), optional sdpo_student_mask (B, T_s)
     *,
     student_out:Tensor|None=None, # the student forward if already computed: (B, T_s, V) logits, or (B, T_s, d) hidden when chunked
-    sdpo_jsd_beta:float=0.5, sdpo_temperature:float=1.0, sdpo_token_clip:float|None=None,
-    sdpo_wrapper:Literal["none", "taid", "entropy_opd"]="none", taid_t:float|None=None, entropy_opd_h_max:float|None=None,
-    chunk_size:int|None=None,
+    config:LossConfig|None=None, # the options (the channel reads its own); or pass them as keywords
+    **options, # sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t, entropy_opd_h_max, chunk_size
 )->Tensor|None: # () the SDPO loss, or None when the batch has no SDPO inputs (or they cannot be aligned)
     "Channel 2: the student pulled towards the hint-conditioned teacher (same model, no_grad) at the aligned target tokens."
-    _check_options(sdpo_wrapper=sdpo_wrapper, taid_t=taid_t, chunk_size=chunk_size, sdpo_jsd_beta=sdpo_jsd_beta,
-                   sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip, entropy_opd_h_max=entropy_opd_h_max)
+    config = _loss_config(config, options, "sdpo_channel_loss", _SDPO_OPTIONS); _check_ready(config)
     _check_model(model)
     if not isinstance(inputs, abc.Mapping): raise TypeError(f"inputs must be a dict of tensors, got {type(inputs).__name__}")
     if not _sdpo_inputs(inputs, _model_vocab(model)): return None
     if student_out is not None:
-        _check_tensor(student_out, "student_out", floating=True)
+        check_tensor(student_out, "student_out", floating=True)
         B, T = inputs["input_ids"].shape
         if student_out.dim() != 3 or tuple(student_out.shape[:2]) != (B, T):
             raise ValueError(f"student_out must be ({B}, {T}, V) logits (or ({B}, {T}, d) hidden states when chunked), got {tuple(student_out.shape)}")
-    return _sdpo_loss(model, inputs, student_out, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t,
-                      entropy_opd_h_max, chunk_size)
+    return _sdpo_loss(model, inputs, student_out, config)
 
-def _replay_loss(model, inputs, replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size):
-    "Channel 3 on checked inputs."
+def _replay_loss(model, inputs, config):
+    "Channel 3 on checked inputs, through the criterion `config.dpo_variant` names."
+    criterion = _criterion(REPLAY_CRITERIA, config.dpo_variant, "dpo_variant")
     pc, pr = (_sequence_logprobs(model, inputs[f"dpo_{side}_input_ids"], inputs[f"dpo_{side}_response_mask"],
-                                 inputs.get(f"dpo_{side}_attention_mask"), dpo_variant == "simpo", chunk_size)
+                                 inputs.get(f"dpo_{side}_attention_mask"), criterion.average, config.chunk_size)
               for side in ("chosen", "rejected"))
-    if dpo_variant == "simpo": return simpo_loss(pc, pr, beta=simpo_beta, gamma=simpo_gamma)
-    rc, rr = inputs["dpo_chosen_ref_logprobs"], inputs["dpo_rejected_ref_logprobs"]
-    return dpo_loss(pc, pr, rc.to(pc.device, pc.dtype), rr.to(pc.device, pc.dtype), beta=replay_dpo_beta)
+    rc = rr = None
+    if criterion.needs_reference:
+        rc, rr = (inputs[k].to(pc.device, pc.dtype) for k in DPO_REF_KEYS)
+    return criterion.fn(pc, pr, rc, rr, config)
 
 def replay_channel_loss(
     model:torch.nn.Module, # HF causal LM (the policy)
     inputs:dict[str, Tensor], # dpo_{chosen,rejected}_{input_ids,response_mask} (P, T) (+ dpo_*_ref_logprobs (P,) for DPO)
     *,
-    replay_dpo_beta:float=0.1, dpo_variant:Literal["dpo", "simpo"]="dpo", simpo_beta:float=2.0, simpo_gamma:float=1.0,
-    chunk_size:int|None=None,
+    config:LossConfig|None=None, # the options (the channel reads its own); or pass them as keywords
+    **options, # replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size
 )->Tensor|None: # () the DPO/SimPO loss, or None when the batch has no (complete) pairs
-    "Channel 3: trace-replay DPO with precomputed reference log-probs, or reference-free SimPO."
-    _check_options(dpo_variant=dpo_variant, chunk_size=chunk_size, replay_dpo_beta=replay_dpo_beta, simpo_beta=simpo_beta,
-                   simpo_gamma=simpo_gamma)
+    "Channel 3: trace-replay DPO with precomputed reference log-probs, or reference-free SimPO (or a registered variant)."
+    config = _loss_config(config, options, "replay_channel_loss", _REPLAY_OPTIONS)
     _check_model(model)
     if not isinstance(inputs, abc.Mapping): raise TypeError(f"inputs must be a dict of tensors, got {type(inputs).__name__}")
-    if not _replay_inputs(inputs, _model_vocab(model), dpo_variant): return None
-    return _replay_loss(model, inputs, replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size)
+    needs_ref = _criterion(REPLAY_CRITERIA, config.dpo_variant, "dpo_variant").needs_reference
+    if not _replay_inputs(inputs, _model_vocab(model), needs_ref): return None
+    return _replay_loss(model, inputs, config)
 
 # %% ../nbs/06_loss.ipynb #7e338bbf
 def compose_loss(
     model:torch.nn.Module, # HF causal LM: accepts input_ids= (and attention_mask=), returns .logits
     inputs:dict[str, Tensor], # batch: input_ids, response_mask (+ optional SDPO and DPO keys, see below)
-    *,
-    alpha_sdpo:float=0.1, # weight of the SDPO channel; 0 disables it
-    beta_replay:float=0.05, # weight of the trace-replay channel; 0 disables it
-    sdpo_jsd_beta:float=0.5, # JSD beta: 0 forward KL, 0.5 JSD, 1 reverse KL
-    sdpo_temperature:float=1.0, # softmax temperature in SDPO (JSD and entropy_opd)
-    sdpo_token_clip:float|None=None, # per-token JSD clamp
-    replay_dpo_beta:float=0.1, # DPO beta
-    lm_ce_label_smoothing:float=0.0, # label smoothing of channel 1, in [0, 1)
-    dpo_variant:Literal["dpo", "simpo"]="dpo", # channel-3 algorithm
-    sdpo_wrapper:Literal["none", "taid", "entropy_opd"]="none", # channel-2 criterion
-    taid_t:float|None=None, # TAID interpolation coefficient in [0, 1]; required with sdpo_wrapper="taid"
-    simpo_beta:float=2.0, # SimPO beta
-    simpo_gamma:float=1.0, # SimPO target margin
-    entropy_opd_h_max:float|None=None, # entropy normalizer; None = log(V)
-    chunk_size:int|None=None, # None: full logits; int: every channel chunked over tokens from hidden states
+    config:LossConfig|None=None, # every option of the loss; None: LossConfig(**options)
+    **options, # or the options as keywords, the reference's: alpha_sdpo=, beta_replay=, ... (the fields of LossConfig)
 )->LossComponents:
     "total = lm_ce + alpha_sdpo * sdpo + beta_replay * replay, each channel skipped when its inputs are missing or its weight is 0."
-    knobs = dict(alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta, sdpo_temperature=sdpo_temperature,
-                 sdpo_token_clip=sdpo_token_clip, replay_dpo_beta=replay_dpo_beta, lm_ce_label_smoothing=lm_ce_label_smoothing,
-                 simpo_beta=simpo_beta, simpo_gamma=simpo_gamma, entropy_opd_h_max=entropy_opd_h_max)
-    _check_options(dpo_variant, sdpo_wrapper, taid_t, chunk_size, **knobs); _check_model(model)
+    cfg = _loss_config(config, options, "compose_loss"); _check_ready(cfg); _check_model(model)
     # every input of every active channel is checked before the first forward pass
     vocab = _model_vocab(model)
     _check_inputs(inputs, vocab, "input_ids")
     if inputs.get("response_mask") is None: raise ValueError("inputs is missing the required key 'response_mask'")
     ids = inputs["input_ids"]
     _check_shape(inputs, "response_mask", ids.shape)
-    do_sdpo = alpha_sdpo != 0 and _sdpo_inputs(inputs, vocab)
-    do_replay = beta_replay != 0 and _replay_inputs(inputs, vocab, dpo_variant)
+    needs_ref = _criterion(REPLAY_CRITERIA, cfg.dpo_variant, "dpo_variant").needs_reference
+    do_sdpo = cfg.alpha_sdpo != 0 and _sdpo_inputs(inputs, vocab)
+    do_replay = cfg.beta_replay != 0 and _replay_inputs(inputs, vocab, needs_ref)
+    chunk_size = cfg.chunk_size
     if chunk_size is not None: _lm_head_weight(model)  # refuse unsupported heads before any forward
 
     # channel 1: the student forward, shared with channel 2
     out = _forward(model, inputs, "input_ids", "attention_mask", chunk_size)  # (B, T, d) hidden or (B, T, V) logits
     targets = ids[:, 1:].masked_fill(inputs["response_mask"][:, 1:] == 0, -100)
     if chunk_size is not None:
-        lm_ce = linear_cross_entropy(out[:, :-1], _lm_head_weight(model), targets, label_smoothing=lm_ce_label_smoothing, chunk_size=chunk_size)
+        lm_ce = linear_cross_entropy(out[:, :-1], _lm_head_weight(model), targets, label_smoothing=cfg.lm_ce_label_smoothing, chunk_size=chunk_size)
     else:
         z = out[:, :-1]
         lm_ce = F.cross_entropy(z.reshape(-1, z.shape[-1]), targets.reshape(-1), ignore_index=-100, reduction="sum",
-                                label_smoothing=float(lm_ce_label_smoothing)) / (targets != -100).sum().clamp_min(1)
+                                label_smoothing=cfg.lm_ce_label_smoothing) / (targets != -100).sum().clamp_min(1)
     zero = torch.zeros((), dtype=lm_ce.dtype, device=lm_ce.device)
-    sdpo = replay = None
-    if do_sdpo:
-        sdpo = _sdpo_loss(model, inputs, out, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, sdpo_wrapper, taid_t,
-                          entropy_opd_h_max, chunk_size)
-    if do_replay:
-        replay = _replay_loss(model, inputs, replay_dpo_beta, dpo_variant, simpo_beta, simpo_gamma, chunk_size)
+    sdpo = _sdpo_loss(model, inputs, out, cfg) if do_sdpo else None
+    replay = _replay_loss(model, inputs, cfg) if do_replay else None
     sdpo, replay = (zero if x is None else x for x in (sdpo, replay))
-    total = lm_ce + alpha_sdpo * sdpo + beta_replay * replay
+    total = lm_ce + cfg.alpha_sdpo * sdpo + cfg.beta_replay * replay
     return LossComponents(lm_ce=lm_ce, sdpo_jsd=sdpo, trace_replay_dpo=replay, total=total)

@@ -6,150 +6,52 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .checks import (
+    IGNORE_INDEX, REDUCTIONS, acc_dtype, check_logit_pair, check_num_items, check_number, check_positive_int, check_reduction,
+    check_same_device_dtype, check_temperature, check_tensor, has_neg_inf, kl_rows, reduce_per_token)
+
 # %% auto #0
-__all__ = ['REDUCTIONS', 'generalized_jsd_loss', 'linear_generalized_jsd_loss']
+__all__ = ['generalized_jsd_loss', 'linear_generalized_jsd_loss', 'REDUCTIONS']
 
 # %% ../nbs/01_opsd.ipynb #3a7f8f9c
-REDUCTIONS = ("batchmean", "sum", "mean", "none")
-_IGNORE = -100  # the label value that marks a token to skip (Hugging Face convention)
-
-def _number(v, name, none_ok=False):
-    "`v` as a float (None passes when `none_ok`); a TypeError naming `name` for anything but a real number or a one-element tensor."
-    if v is None and none_ok: return None
-    if isinstance(v, Tensor) and v.numel() == 1 and v.dtype != torch.bool and not v.is_complex(): return float(v.detach())
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number{' or None' if none_ok else ''}, got {type(v).__name__}")
-    return float(v)
-
-def _as_device(device, name="device"):
-    "`torch.device(device)`, or a ValueError naming `name`."
-    try: return torch.device(device)
-    except (RuntimeError, TypeError, ValueError):
-        raise ValueError(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', got {device!r}") from None
-
-def _check_reduction(reduction):
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+_all_ = ["REDUCTIONS"]
 
 def _check_beta(beta, name="beta"):
-    if not 0.0 <= _number(beta, name) <= 1.0:
+    if not 0.0 <= check_number(beta, name) <= 1.0:
         raise ValueError(f"{name} must be in [0, 1], got {beta}")
 
-def _check_temperature(temperature, name="temperature"):
-    if not 0.0 < _number(temperature, name) < math.inf:
-        raise ValueError(f"{name} must be > 0 (and finite), got {temperature}")
-
 def _check_token_clip(token_clip, name="token_clip"):
-    if token_clip is not None and not _number(token_clip, name, none_ok=True) >= 0.0:
+    if token_clip is not None and not check_number(token_clip, name, none_ok=True) >= 0.0:
         raise ValueError(f"{name} must be None or >= 0, got {token_clip}")
-
-def _check_tensor(x, name, floating=False):
-    "A TypeError naming `name` unless `x` is a tensor (of a floating-point dtype when `floating`)."
-    if not isinstance(x, Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if floating and not x.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor (logits or log-probabilities), got dtype {x.dtype}")
-
-def _check_pair(student, teacher, s_name="student_logits", t_name="teacher_logits"):
-    _check_tensor(student, s_name, floating=True); _check_tensor(teacher, t_name, floating=True)
-    if student.shape != teacher.shape:
-        raise ValueError(f"{s_name} {tuple(student.shape)} and {t_name} {tuple(teacher.shape)} must have the same shape")
-    if student.device != teacher.device:
-        raise ValueError(f"{s_name} is on {student.device} but {t_name} on {teacher.device}; both must be on one device")
-    if student.dim() < 1 or student.shape[-1] == 0:
-        raise ValueError(f"{s_name} must have a non-empty last (vocabulary) dimension, got {tuple(student.shape)}")
-
-def _check_same(xs, ref):
-    "Tensors `xs` (name -> tensor) on the device of `xs[ref]` and, outside autocast, of its dtype (what a matmul needs)."
-    r = xs[ref]
-    for name, x in xs.items():
-        if x.device != r.device: raise ValueError(f"{name} is on {x.device} but {ref} on {r.device}; all must be on one device")
-        if x.dtype != r.dtype and not torch.is_autocast_enabled(r.device.type):
-            raise TypeError(f"{name} is {x.dtype} but {ref} is {r.dtype}; all must share one dtype (or run under torch.autocast)")
-
-def _has_neg_inf(*xs):
-    "Whether any of the tensors holds a −inf (a masked token): one min-reduction each and one device sync, no (B, T, V) temporary."
-    mins = [x.amin() for x in xs if x.numel()]
-    return bool(torch.stack(mins).eq(-math.inf).any()) if mins else False
-
-def _value_range(x):
-    "(min, max) of a non-empty tensor as Python numbers, with one device sync."
-    return tuple(torch.stack(torch.aminmax(x)).tolist())
 
 def _label_mask(labels, lead_shape, name="labels"):
     "Bool mask of unmasked tokens (`labels != -100`), or None; labels must be integer, >= 0 or -100 (they are not used as indices)."
     if labels is None: return None
-    _check_tensor(labels, name)
+    check_tensor(labels, name)
     if tuple(labels.shape) != tuple(lead_shape):
         raise ValueError(f"{name} shape {tuple(labels.shape)} must equal the logits' token shape {tuple(lead_shape)}")
     if labels.dtype == torch.bool:
-        raise TypeError(f"{name} must hold token ids with {_IGNORE} marking ignored tokens, got a bool mask "
-                        f"(pass ids.masked_fill(~mask, {_IGNORE}))")
+        raise TypeError(f"{name} must hold token ids with {IGNORE_INDEX} marking ignored tokens, got a bool mask "
+                        f"(pass ids.masked_fill(~mask, {IGNORE_INDEX}))")
     if labels.is_floating_point() or labels.is_complex():
-        raise TypeError(f"{name} must be an integer tensor of token ids ({_IGNORE} = ignore), got dtype {labels.dtype}")
-    keep = labels != _IGNORE
+        raise TypeError(f"{name} must be an integer tensor of token ids ({IGNORE_INDEX} = ignore), got dtype {labels.dtype}")
+    keep = labels != IGNORE_INDEX
     if labels.numel():
         lo = int(labels.masked_fill(~keep, 0).min())
-        if lo < 0: raise ValueError(f"{name} must be token ids >= 0 or {_IGNORE} (ignore), got {lo}")
+        if lo < 0: raise ValueError(f"{name} must be token ids >= 0 or {IGNORE_INDEX} (ignore), got {lo}")
     return keep
 
-def _token_weights(mask, lead_shape, name="mask"):
-    "A 0/1 (or bool, or float weight >= 0) token mask as a tensor `_reduce` understands, or None."
-    if mask is None: return None
-    _check_tensor(mask, name)
-    if tuple(mask.shape) != tuple(lead_shape):
-        raise ValueError(f"{name} shape {tuple(mask.shape)} must equal the logits' token shape {tuple(lead_shape)}")
-    if mask.is_complex(): raise TypeError(f"{name} must be a 0/1, bool or float weight tensor, got dtype {mask.dtype}")
-    if mask.dtype == torch.bool or not mask.numel(): return mask if mask.is_floating_point() else mask.bool()
-    lo, hi = _value_range(mask)
-    if mask.is_floating_point():
-        if not lo >= 0 or not math.isfinite(hi): raise ValueError(f"{name} weights must be finite and >= 0, got values in [{lo}, {hi}]")
-        return mask
-    if lo < 0 or hi > 1:
-        raise ValueError(f"{name} must be a 0/1 token mask, got integer values in [{lo}, {hi}]"
-                         f" (Hugging Face labels? pass labels != {_IGNORE})")
-    return mask.bool()
-
-def _check_num_items(num_items_in_batch):
-    if num_items_in_batch is None: return
-    if isinstance(num_items_in_batch, Tensor):
-        if num_items_in_batch.numel() != 1:
-            raise ValueError(f"num_items_in_batch must be a number or a one-element tensor, got shape {tuple(num_items_in_batch.shape)}")
-        return
-    if not _number(num_items_in_batch, "num_items_in_batch") > 0:
-        raise ValueError(f"num_items_in_batch must be > 0, got {num_items_in_batch}")
-
-def _reduce(per_token, mask, reduction, vocab, num_items_in_batch=None):
-    "Mask `per_token` (bool mask: where; float mask: multiply) and reduce it; empty masks give 0 with a gradient."
-    if mask is not None:
-        per_token = torch.where(mask, per_token, per_token.new_zeros(())) if mask.dtype == torch.bool else per_token * mask.to(per_token.dtype)
-    if reduction == "none":
-        if num_items_in_batch is not None: raise ValueError('num_items_in_batch cannot be combined with reduction="none"')
-        return per_token
-    total = per_token.sum()
-    if num_items_in_batch is not None:
-        if isinstance(num_items_in_batch, Tensor): num_items_in_batch = num_items_in_batch.to(total.device, total.dtype)
-        return total / num_items_in_batch
-    if reduction == "sum": return total
-    n = mask.sum().to(total.dtype) if mask is not None else total.new_tensor(float(per_token.numel()))
-    if reduction == "mean": n = n * vocab
-    return total / torch.where(n == 0, n.new_ones(()), n)  # divide by 1 only when nothing is unmasked
-
 # %% ../nbs/01_opsd.ipynb #ac7830ca
-def _kl_rows(lp, lq):
-    "Σ_v p (log p − log q) over the last dim with 0·log 0 = 0: entries where p = 0 (log p = −inf) add 0, also where q = 0."
-    return (lp.exp() * torch.where(lp == -math.inf, 0.0, lp - lq)).sum(-1)
-
 def _jsd_per_token(log_s, log_t, beta, finite=False):
     "Per-token generalized JSD (TRL convention) from log-probabilities `(..., V)`; returns `(...)`; `finite=False` makes −inf entries safe."
     beta = float(beta)
-    if beta == 0.0: return (log_t.exp() * (log_t - log_s)).sum(-1) if finite else _kl_rows(log_t, log_s)
-    if beta == 1.0: return (log_s.exp() * (log_s - log_t)).sum(-1) if finite else _kl_rows(log_s, log_t)
+    if beta == 0.0: return (log_t.exp() * (log_t - log_s)).sum(-1) if finite else kl_rows(log_t, log_s)
+    if beta == 1.0: return (log_s.exp() * (log_s - log_t)).sum(-1) if finite else kl_rows(log_s, log_t)
     if not finite:  # a masked entry (−inf) becomes the lowest float: exp gives exactly 0, and no −inf − −inf is formed
         lo = torch.finfo(log_s.dtype).min
         log_s, log_t = log_s.clamp_min(lo), log_t.clamp_min(lo)
@@ -172,8 +74,8 @@ def generalized_jsd_loss(
     num_items_in_batch:int|Tensor|None=None, # global unmasked-token count: return sum / this (gradient accumulation)
 )->Tensor: # scalar, or (B, T) with reduction="none"
     "Generalized Jensen-Shannon divergence between student and teacher next-token distributions (TRL's beta convention)."
-    _check_pair(student_logits, teacher_logits); _check_reduction(reduction)
-    _check_beta(beta); _check_temperature(temperature); _check_token_clip(token_clip); _check_num_items(num_items_in_batch)
+    check_logit_pair(student_logits, teacher_logits); check_reduction(reduction)
+    _check_beta(beta); check_temperature(temperature); _check_token_clip(token_clip); check_num_items(num_items_in_batch)
     vocab = student_logits.shape[-1]
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 < top_k <= vocab):
         raise ValueError(f"top_k must be an int in [1, {vocab}], got {top_k!r}")
@@ -186,10 +88,10 @@ def generalized_jsd_loss(
     if top_k is not None:
         idx = t.topk(top_k, dim=-1).indices
         s, t, vocab = s.gather(-1, idx), t.gather(-1, idx), top_k
-    finite = logits_are_probs or not _has_neg_inf(s, t)  # the −inf guards cost passes: only pay them when a token is masked
+    finite = logits_are_probs or not has_neg_inf(s, t)  # the −inf guards cost passes: only pay them when a token is masked
     per_token = _jsd_per_token(F.log_softmax(s, -1), F.log_softmax(t, -1), beta, finite)
     if token_clip is not None: per_token = per_token.clamp(max=float(token_clip))
-    return _reduce(per_token, mask, reduction, vocab, num_items_in_batch)
+    return reduce_per_token(per_token, mask, reduction, vocab, num_items_in_batch)
 
 # %% ../nbs/01_opsd.ipynb #ce556d31
 def _rowdot(a, b):
@@ -228,7 +130,7 @@ def _jsd_chunk(zs, zt, beta, need_s, need_t):
 def _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, row_scale, need):
     "Chunk loop: per-token JSD `(N,)` and, when `row_scale` is given, gradients of `sum(row_scale * d)`."
     n = hs.shape[0]
-    acc = torch.float32 if hs.dtype in (torch.float16, torch.bfloat16) else hs.dtype
+    acc = acc_dtype(hs)
     w_t = w if wt is None else wt
     d_all = torch.empty(n, dtype=acc, device=hs.device)
     want_grad = row_scale is not None
@@ -313,7 +215,7 @@ def linear_generalized_jsd_loss(
     "`generalized_jsd_loss(student_hidden @ weight.T, teacher_hidden @ weight.T, ...)` computed chunk by chunk, never holding all logits."
     xs = dict(student_hidden=student_hidden, teacher_hidden=teacher_hidden, weight=weight)
     if teacher_weight is not None: xs["teacher_weight"] = teacher_weight
-    for name, x in xs.items(): _check_tensor(x, name, floating=True)
+    for name, x in xs.items(): check_tensor(x, name, floating=True)
     if student_hidden.dim() not in (2, 3): raise ValueError(f"student_hidden must be (N, d) or (B, T, d), got {tuple(student_hidden.shape)}")
     if teacher_hidden.shape != student_hidden.shape:
         raise ValueError(f"teacher_hidden {tuple(teacher_hidden.shape)} must match student_hidden {tuple(student_hidden.shape)}")
@@ -321,11 +223,10 @@ def linear_generalized_jsd_loss(
         raise ValueError(f"weight must be (V, d) with V >= 1 and d={student_hidden.shape[-1]}, got {tuple(weight.shape)}")
     if teacher_weight is not None and teacher_weight.shape != weight.shape:
         raise ValueError(f"teacher_weight {tuple(teacher_weight.shape)} must match weight {tuple(weight.shape)}")
-    _check_same(xs, "student_hidden")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    _check_reduction(reduction); _check_beta(beta); _check_temperature(temperature); _check_token_clip(token_clip)
-    _check_num_items(num_items_in_batch)
+    check_same_device_dtype(xs, "student_hidden")
+    check_positive_int(chunk_size, "chunk_size")
+    check_reduction(reduction); _check_beta(beta); check_temperature(temperature); _check_token_clip(token_clip)
+    check_num_items(num_items_in_batch)
     lead = student_hidden.shape[:-1]
     mask = _label_mask(labels, lead)
     hs, ht = student_hidden.reshape(-1, student_hidden.shape[-1]), teacher_hidden.reshape(-1, teacher_hidden.shape[-1])

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..opsd import (
-    _check_pair, _check_reduction, _check_temperature, _check_tensor, _has_neg_inf, _kl_rows, _number, _reduce, _token_weights)
+from ..checks import (
+    check_logit_pair, check_number, check_reduction, check_temperature, check_tensor, has_neg_inf, kl_rows, reduce_per_token, token_weights)
 
 # %% auto #0
-__all__ = ['teacher_entropy', 'entropy_aware_opd_loss']
+__all__ = ['teacher_entropy', 'entropy_aware_opd_per_token', 'entropy_aware_opd_loss']
 
 # %% ../../nbs/04_distillation.entropy_aware_opd.ipynb #85b9f7af
 def _entropy(logp):
@@ -26,15 +26,30 @@ def teacher_entropy(
     teacher_logits:Tensor, # (B, T, V) teacher logits (floating point; −inf marks a masked token)
 )->Tensor: # (B, T) entropy in nats
     "Per-token entropy of softmax(teacher_logits), in nats."
-    _check_tensor(teacher_logits, "teacher_logits", floating=True)
+    check_tensor(teacher_logits, "teacher_logits", floating=True)
     if teacher_logits.dim() < 1 or teacher_logits.shape[-1] == 0:
         raise ValueError(f"teacher_logits must have a non-empty last (vocabulary) dimension, got {tuple(teacher_logits.shape)}")
     return _entropy(F.log_softmax(teacher_logits, dim=-1))
 
 # %% ../../nbs/04_distillation.entropy_aware_opd.ipynb #de98265c
-def _eopd_per_token(s, t, h_max, temperature, finite=None):
-    "Per-token entropy-gated KL mix `(...)` from logits `(..., V)`; `finite=True` skips the guards for masked (−inf) logits, None checks."
-    if finite is None: finite = not _has_neg_inf(s, t)
+def _h_max(h_max, V):
+    "The entropy normalizer: `h_max` checked (a number > 0), or log V by default (1 when V = 1)."
+    h = check_number(h_max, "h_max", none_ok=True)
+    if h is None: return math.log(V) if V > 1 else 1.0
+    if not 0 < h < math.inf: raise ValueError(f"h_max must be > 0 (and finite) or None, got {h_max}")
+    return h
+
+def entropy_aware_opd_per_token(
+    student_logits:Tensor, # (..., V) student logits
+    teacher_logits:Tensor, # (..., V) teacher logits, same shape (the gate is computed from them, detached)
+    *,
+    h_max:float|None=None, # entropy normalizer; None = log(V)
+    temperature:float=1.0, # divides both logits
+    finite:bool|None=None, # True: the caller knows no logit is −inf (skips the masked-vocabulary guards); None: look
+)->Tensor: # (...) per-token mix of forward and reverse KL
+    "Per-token entropy-gated KL mix, the kernel of `entropy_aware_opd_loss` (and of its chunked form in `compose_loss`); no shape checks."
+    s, t, h_max = student_logits, teacher_logits, _h_max(h_max, student_logits.shape[-1])
+    if finite is None: finite = not has_neg_inf(s, t)
     log_s = F.log_softmax(s / temperature, dim=-1)
     log_t = F.log_softmax(t / temperature, dim=-1)
     if finite:
@@ -42,16 +57,9 @@ def _eopd_per_token(s, t, h_max, temperature, finite=None):
         fwd = (p_t * (log_t - log_s)).sum(-1)
         rev = (p_s * (log_s - log_t)).sum(-1)
         h = -(p_t * log_t).sum(-1)
-    else: fwd, rev, h = _kl_rows(log_t, log_s), _kl_rows(log_s, log_t), _entropy(log_t)  # KL(T||S), KL(S||T), H(T)
+    else: fwd, rev, h = kl_rows(log_t, log_s), kl_rows(log_s, log_t), _entropy(log_t)  # KL(T||S), KL(S||T), H(T)
     w = (h / h_max).clamp(0.0, 1.0).detach()
     return w * fwd + (1 - w) * rev
-
-def _h_max(h_max, V):
-    "The entropy normalizer: `h_max` checked (a number > 0), or log V by default (1 when V = 1)."
-    h = _number(h_max, "h_max", none_ok=True)
-    if h is None: return math.log(V) if V > 1 else 1.0
-    if not 0 < h < math.inf: raise ValueError(f"h_max must be > 0 (and finite) or None, got {h_max}")
-    return h
 
 def entropy_aware_opd_loss(
     student_logits:Tensor, # (B, T, V) student logits, with grad (floating point; −inf marks a masked token)
@@ -63,8 +71,9 @@ def entropy_aware_opd_loss(
     reduction:str="batchmean", # "batchmean", "sum", "mean" or "none" -> (B, T)
 )->Tensor: # scalar, or (B, T) with reduction="none"
     "Per-token mix of forward and reverse KL, gated by the teacher's normalized entropy."
-    _check_pair(student_logits, teacher_logits); _check_reduction(reduction); _check_temperature(temperature)
+    check_logit_pair(student_logits, teacher_logits); check_reduction(reduction); check_temperature(temperature)
     V = student_logits.shape[-1]
     h_max = _h_max(h_max, V)
-    w_mask = _token_weights(labels, student_logits.shape[:-1], name="labels")
-    return _reduce(_eopd_per_token(student_logits, teacher_logits, h_max, temperature), w_mask, reduction, V)
+    w_mask = token_weights(labels, student_logits.shape[:-1], name="labels")
+    per_token = entropy_aware_opd_per_token(student_logits, teacher_logits, h_max=h_max, temperature=temperature)
+    return reduce_per_token(per_token, w_mask, reduction, V)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..opsd import _check_tensor, _number
+from ..checks import check_logps, check_number, check_tensor
 
 # %% auto #0
 __all__ = ['avg_sequence_logprob', 'simpo_loss']
@@ -22,7 +22,7 @@ def avg_sequence_logprob(
     response_mask:Tensor, # (B, T) 1 (or True) on response tokens, 0 elsewhere
 )->Tensor: # (B,) mean log-probability over each row's response tokens; 0 for a row without any
     "Average the per-token log-probabilities over each sequence's response tokens."
-    _check_tensor(model_logprobs, "model_logprobs", floating=True); _check_tensor(response_mask, "response_mask")
+    check_tensor(model_logprobs, "model_logprobs", floating=True); check_tensor(response_mask, "response_mask")
     if model_logprobs.dim() != 2 or model_logprobs.shape != response_mask.shape:
         raise ValueError(f"model_logprobs {tuple(model_logprobs.shape)} and response_mask {tuple(response_mask.shape)} must both be (B, T)")
     if response_mask.is_complex(): raise TypeError(f"response_mask must be a 0/1, bool or float tensor, got dtype {response_mask.dtype}")
@@ -32,16 +32,6 @@ def avg_sequence_logprob(
     return (model_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)
 
 # %% ../../nbs/02_distillation.simpo.ipynb #6c5d64d3
-def _check_logps(**xs):
-    "Per-sequence log-prob tensors: floating point, all (B,) with one B, on one device; errors name the argument."
-    (ref, r), *_ = xs.items()
-    for k, v in xs.items():
-        _check_tensor(v, k, floating=True)
-        if v.dim() != 1 or v.shape != r.shape:
-            raise ValueError(f"{k} has shape {tuple(v.shape)}; {', '.join(xs)} must all be (B,) with the same B "
-                             f"(like {ref} {tuple(r.shape)})")
-        if v.device != r.device: raise ValueError(f"{k} is on {v.device} but {ref} on {r.device}; all must be on one device")
-
 def simpo_loss(
     chosen_avg_logprobs:Tensor, # (B,) length-normalized log-likelihood of the chosen responses
     rejected_avg_logprobs:Tensor, # (B,) same for the rejected responses
@@ -50,8 +40,8 @@ def simpo_loss(
     gamma:float=1.0, # target reward margin γ (paper default)
 )->Tensor: # scalar mean over the batch (0 for an empty batch)
     "SimPO loss -log σ(β(ā_c − ā_r) − γ), averaged over the batch (Meng et al., 2024)."
-    _check_logps(chosen_avg_logprobs=chosen_avg_logprobs, rejected_avg_logprobs=rejected_avg_logprobs)
-    if not 0 < _number(beta, "beta") < math.inf: raise ValueError(f"beta must be > 0 (and finite), got {beta}")
-    if not math.isfinite(_number(gamma, "gamma")): raise ValueError(f"gamma must be finite, got {gamma}")
+    check_logps(chosen_avg_logprobs=chosen_avg_logprobs, rejected_avg_logprobs=rejected_avg_logprobs)
+    if not 0 < check_number(beta, "beta") < math.inf: raise ValueError(f"beta must be > 0 (and finite), got {beta}")
+    if not math.isfinite(check_number(gamma, "gamma")): raise ValueError(f"gamma must be finite, got {gamma}")
     losses = -F.logsigmoid(beta * (chosen_avg_logprobs - rejected_avg_logprobs) - gamma)
     return losses.sum() / max(losses.numel(), 1)

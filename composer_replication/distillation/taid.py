@@ -13,25 +13,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..opsd import _as_device, _check_pair, _has_neg_inf, _number, _reduce, _token_weights
+from ..checks import (
+    as_device, check_logit_pair, check_number, check_unit_interval, has_neg_inf, reduce_per_token, token_weights)
 
 # %% auto #0
-__all__ = ['taid_loss', 'TAIDScheduler']
-
-# %% ../../nbs/03_distillation.taid.ipynb #02efb3ec
-def _check_t(t, name="t"):
-    "`t` as a float in [0, 1]; a TypeError/ValueError naming `name` otherwise."
-    if isinstance(t, Tensor) and t.numel() != 1: raise ValueError(f"{name} must be a scalar, got shape {tuple(t.shape)}")
-    tv = _number(t, name)
-    if not 0.0 <= tv <= 1.0: raise ValueError(f"{name} must be in [0, 1], got {tv}")
-    return tv
+__all__ = ['taid_per_token', 'taid_loss', 'TAIDScheduler']
 
 # %% ../../nbs/03_distillation.taid.ipynb #586218f0
-def _taid_per_token(s, tch, t, tv, finite=None):
-    "Per-token TAID cross-entropy `(...)` from logits `(..., V)`; `finite=True` skips the guard for masked (−inf) logits, None checks."
+def taid_per_token(
+    student_logits:Tensor, # (..., V) student logits (the target's student leg is detached)
+    teacher_logits:Tensor, # (..., V) teacher logits, same shape
+    t:float|Tensor, # interpolation coefficient in [0, 1]
+    *,
+    finite:bool|None=None, # True: the caller knows no logit is −inf (skips the masked-vocabulary guard); None: look
+)->Tensor: # (...) per-token cross-entropy, in float32 or wider
+    "Per-token TAID cross-entropy, the kernel of `taid_loss` (and of its chunked form in `compose_loss`); no shape checks."
+    s, tch, tv = student_logits, teacher_logits, check_unit_interval(t)
     dtype = torch.promote_types(s.dtype, torch.float32)
     s, tch = s.to(dtype), tch.to(dtype)
-    if finite is None: finite = not _has_neg_inf(s, tch)
+    if finite is None: finite = not has_neg_inf(s, tch)
     if isinstance(t, Tensor): t = t.to(s.device, dtype)
     if finite or 0.0 < tv < 1.0: mix = (1 - t) * s.detach() + t * tch
     else: mix = tch if tv == 1.0 else s.detach()  # at the ends 0 · (−inf) would be NaN
@@ -48,10 +48,10 @@ def taid_loss(
     t:float|Tensor, # interpolation coefficient in [0, 1] (drive it with `TAIDScheduler`)
 )->Tensor: # scalar: masked mean over tokens (0 with a gradient when nothing is unmasked)
     "TAID loss: cross-entropy of the student against softmax((1-t)·sg(student) + t·teacher) (Shing et al., 2025)."
-    _check_pair(student_logits, teacher_logits); tv = _check_t(t)
-    w = _token_weights(mask, student_logits.shape[:-1])
-    per_token = _taid_per_token(student_logits, teacher_logits, t, tv)
-    return _reduce(per_token, w, "batchmean", student_logits.shape[-1])
+    check_logit_pair(student_logits, teacher_logits); check_unit_interval(t)
+    w = token_weights(mask, student_logits.shape[:-1])
+    per_token = taid_per_token(student_logits, teacher_logits, t)
+    return reduce_per_token(per_token, w, "batchmean", student_logits.shape[-1])
 
 # %% ../../nbs/03_distillation.taid.ipynb #d4d2d4e8
 class TAIDScheduler:
@@ -67,7 +67,7 @@ class TAIDScheduler:
                  device:torch.device|str="cpu"): # where the state tensors live
         if isinstance(num_train_steps, bool) or not isinstance(num_train_steps, numbers.Integral) or num_train_steps < 1:
             raise ValueError(f"num_train_steps must be a positive int, got {num_train_steps!r}")
-        t_start, t_end, alpha, beta = (_number(v, k) for k, v in dict(t_start=t_start, t_end=t_end, alpha=alpha, beta=beta).items())
+        t_start, t_end, alpha, beta = (check_number(v, k) for k, v in dict(t_start=t_start, t_end=t_end, alpha=alpha, beta=beta).items())
         if not 0.0 <= t_start < 1.0: raise ValueError(f"t_start must be in [0, 1), got {t_start}")
         if not 0.0 < t_end <= 1.0: raise ValueError(f"t_end must be in (0, 1], got {t_end}")
         if t_start > t_end: raise ValueError(f"t_start ({t_start}) must not exceed t_end ({t_end})")
@@ -76,7 +76,7 @@ class TAIDScheduler:
         if not isinstance(disable_adaptive, bool): raise TypeError(f"disable_adaptive must be a bool, got {type(disable_adaptive).__name__}")
         self.num_train_steps, self.t_start, self.t_end = int(num_train_steps), t_start, t_end
         self.alpha, self.beta, self.disable_adaptive = alpha, beta, disable_adaptive
-        self.device = _as_device(device)
+        self.device = as_device(device)
         self._t = torch.tensor(self.t_start, dtype=torch.float32, device=self.device)
         self.prev_loss = torch.tensor(math.inf, dtype=torch.float32, device=self.device)
         self.momentum = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -95,7 +95,7 @@ class TAIDScheduler:
             if loss.numel() != 1: raise ValueError(f"loss must be a scalar (one-element tensor), got shape {tuple(loss.shape)}")
             if loss.dtype == torch.bool or loss.is_complex(): raise TypeError(f"loss must be a real number, got a {loss.dtype} tensor")
             loss = loss.detach().to(self.device, torch.float32).reshape(())
-        else: loss = torch.tensor(_number(loss, "loss"), dtype=torch.float32, device=self.device)
+        else: loss = torch.tensor(check_number(loss, "loss"), dtype=torch.float32, device=self.device)
         if isinstance(global_step, bool) or not isinstance(global_step, numbers.Integral) or global_step < 0:
             raise ValueError(f"global_step must be an int >= 0, got {global_step!r}")
         if not torch.isfinite(loss): return None
@@ -121,7 +121,7 @@ class TAIDScheduler:
         missing = {"t", "prev_loss", "momentum"} - set(state) if isinstance(state, abc.Mapping) else None
         if missing is None: raise TypeError(f"state must be a dict as returned by state_dict(), got {type(state).__name__}")
         if missing: raise ValueError(f"state is missing {sorted(missing)} (expected the keys of state_dict(): t, prev_loss, momentum)")
-        _check_t(state["t"], "state['t']")
+        check_unit_interval(state["t"], "state['t']")
         self._t = torch.tensor(float(state["t"]), dtype=torch.float32, device=self.device)
         self.prev_loss = torch.tensor(float(state["prev_loss"]), dtype=torch.float32, device=self.device)
         self.momentum = torch.tensor(float(state["momentum"]), dtype=torch.float32, device=self.device)

@@ -17,7 +17,8 @@ from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..distillation.taid import TAIDScheduler
-from ..loss import _check_options, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss
+from ..loss import (
+    LOSS_OPTIONS, REPLAY_CRITERIA, LossConfig, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
 from .data_collator import ComposerDataCollator, precompute_ref_logprobs
 
 # %% auto #0
@@ -26,29 +27,39 @@ __all__ = ['ComposerOfflineTrainer', 'ComposerReplicationTrainer']
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #3611ef44
 _TAID_FILE = "taid_scheduler.json"
 
+def _trainer_loss_config(loss_config, kwargs, where):
+    "The trainer's LossConfig: `loss_config`, or one built from the loss options among `kwargs` (removed from it); never both."
+    options = {k: kwargs.pop(k) for k in LOSS_OPTIONS if k in kwargs}
+    if loss_config is None: return LossConfig(**options)
+    if not isinstance(loss_config, LossConfig):
+        raise TypeError(f"{where}: loss_config must be a LossConfig, got {type(loss_config).__name__} (LossConfig.from_dict reads a dict)")
+    if options: raise TypeError(f"{where} got loss_config= and the loss options {sorted(options)}: pass one or the other "
+                                "(loss_config.replace(...) changes a config)")
+    return loss_config
+
+def _check_trainer_config(config, where):
+    "What a config cannot mean in a trainer: a fixed TAID t (the scheduler drives it)."
+    if config.taid_t is not None:
+        raise ValueError(f"{where}: loss_config.taid_t must be None: the trainer's TAIDScheduler drives t "
+                         "(pass taid_scheduler=TAIDScheduler(..., t_start=...) to choose where it starts)")
+    return config
+
 class _ChannelMixin:
-    "What both trainers share: loss knobs, the reference model, per-channel metrics, the TAID scheduler."
-    def _init_channels(self, model, *, alpha_sdpo, beta_replay, sdpo_jsd_beta, sdpo_temperature, sdpo_token_clip, replay_dpo_beta,
-                       dpo_variant, sdpo_wrapper, simpo_beta, simpo_gamma, entropy_opd_h_max, chunk_size, ref_model, taid_scheduler):
-        _check_options(dpo_variant=dpo_variant, chunk_size=chunk_size)  # the loss library's own checks
-        if sdpo_wrapper not in ("none", "taid", "entropy_opd"):  # (taid's t comes from the scheduler, so checked apart)
-            raise ValueError(f'sdpo_wrapper must be "none", "taid" or "entropy_opd", got {sdpo_wrapper!r}')
-        if alpha_sdpo < 0 or beta_replay < 0: raise ValueError(f"alpha_sdpo and beta_replay must be >= 0, got {alpha_sdpo}, {beta_replay}")
-        self.alpha_sdpo, self.beta_replay = float(alpha_sdpo), float(beta_replay)
-        self.sdpo_kwargs = dict(sdpo_jsd_beta=sdpo_jsd_beta, sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip,
-                                sdpo_wrapper=sdpo_wrapper, entropy_opd_h_max=entropy_opd_h_max, chunk_size=chunk_size)
-        self.replay_kwargs = dict(replay_dpo_beta=replay_dpo_beta, dpo_variant=dpo_variant, simpo_beta=simpo_beta,
-                                  simpo_gamma=simpo_gamma, chunk_size=chunk_size)
-        self.chunk_size, self.taid_scheduler = chunk_size, taid_scheduler
+    "What both trainers share: the loss configuration, the reference model, per-channel metrics, the TAID scheduler."
+    def _init_channels(self, model, config:LossConfig, *, ref_model, taid_scheduler):
+        self.loss_config = config
+        self.alpha_sdpo, self.beta_replay = config.alpha_sdpo, config.beta_replay
+        self.chunk_size, self.taid_scheduler = config.chunk_size, taid_scheduler
+        self._needs_reference = REPLAY_CRITERIA[config.dpo_variant].needs_reference
         self._ref_model = ref_model
-        if ref_model is None and dpo_variant == "dpo" and self.beta_replay > 0:
+        if ref_model is None and self._needs_reference and self.beta_replay > 0:
             self._ref_model = copy.deepcopy(model)   # the initial policy, frozen
         if self._ref_model is not None:  # frozen, on the device the model trains on
             self._ref_model.requires_grad_(False).eval().to(next(model.parameters()).device)
         self._channel_metrics, self._last_sdpo = defaultdict(list), None
 
     def _taid_t(self):
-        if self.sdpo_kwargs["sdpo_wrapper"] != "taid": return None
+        if self.loss_config.sdpo_wrapper != "taid": return None
         if self.taid_scheduler is None:  # the run's length: max_steps, or what Trainer derived from the epochs
             steps = self.args.max_steps if self.args.max_steps > 0 else self.state.max_steps
             self.taid_scheduler = TAIDScheduler(num_train_steps=max(int(steps), 1))
@@ -56,15 +67,15 @@ class _ChannelMixin:
 
     def _with_ref_logprobs(self, batch:dict) -> dict:
         "The batch with DPO reference log-probs filled in when the DPO channel needs them and they are missing."
-        if (self.replay_kwargs["dpo_variant"] == "dpo" and self.beta_replay > 0 and "dpo_chosen_input_ids" in batch
+        if (self._needs_reference and self.beta_replay > 0 and "dpo_chosen_input_ids" in batch
                 and "dpo_chosen_ref_logprobs" not in batch):
             batch = precompute_ref_logprobs(self._ref_model, dict(batch), chunk_size=self.chunk_size)
         return batch
 
-    def _loss_kwargs(self) -> dict:
-        "Keyword arguments of `compose_loss` for this trainer's knobs."
-        k = {**self.sdpo_kwargs, **self.replay_kwargs, "alpha_sdpo": self.alpha_sdpo, "beta_replay": self.beta_replay}
-        return {**k, "taid_t": self._taid_t()}
+    def _step_config(self) -> LossConfig:
+        "This step's loss configuration: the trainer's, with TAID's current t filled in."
+        t = self._taid_t()
+        return self.loss_config if t is None else self.loss_config.replace(taid_t=t)
 
 class _TAIDCallback(TrainerCallback):
     "Update the TAID scheduler after each optimizer step; save it into every checkpoint."
@@ -94,31 +105,20 @@ def _resume_taid(trainer, resume_from_checkpoint):
 class ComposerOfflineTrainer(_ChannelMixin, Trainer):
     "Three-channel training without a reward function: LM cross-entropy + α·SDPO + β·trace-replay, via `compose_loss`."
     def __init__(self, model=None, args=None, *more,
-                 alpha_sdpo:float=0.1, # channel-2 weight
-                 beta_replay:float=0.05, # channel-3 weight
-                 sdpo_jsd_beta:float=0.5, # JSD beta: 0 forward KL, 1 reverse KL
-                 sdpo_temperature:float=1.0, # SDPO softmax temperature
-                 sdpo_token_clip:float|None=None, # per-token JSD clamp
-                 replay_dpo_beta:float=0.1, # DPO beta
-                 dpo_variant:str="dpo", # "dpo" or "simpo"
-                 sdpo_wrapper:str="none", # "none", "taid" or "entropy_opd"
-                 simpo_beta:float=2.0, simpo_gamma:float=1.0, entropy_opd_h_max:float|None=None,
-                 chunk_size:int|None=None, # chunk every channel over tokens (large vocabularies)
+                 loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options below)
                  ref_model=None, # frozen DPO reference (default: a frozen copy of `model`)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
-                 **kwargs):
+                 **kwargs): # Trainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ... (LossConfig's fields)
+        config = _check_trainer_config(_trainer_loss_config(loss_config, kwargs, "ComposerOfflineTrainer"), "ComposerOfflineTrainer")
         if args is not None: args.remove_unused_columns = False
         super().__init__(model, args, *more, **kwargs)
         self.model_accepts_loss_kwargs = False  # our loss is a per-micro-batch mean: let Trainer divide by GA
-        self._init_channels(self.model, alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
-                            sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip, replay_dpo_beta=replay_dpo_beta,
-                            dpo_variant=dpo_variant, sdpo_wrapper=sdpo_wrapper, simpo_beta=simpo_beta, simpo_gamma=simpo_gamma,
-                            entropy_opd_h_max=entropy_opd_h_max, chunk_size=chunk_size, ref_model=ref_model, taid_scheduler=taid_scheduler)
+        self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.add_callback(_TAIDCallback(self))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         "`compose_loss` on the batch; records each channel for logging."
-        c = compose_loss(model, self._with_ref_logprobs(inputs), **self._loss_kwargs())
+        c = compose_loss(model, self._with_ref_logprobs(inputs), self._step_config())
         if model.training:
             for k, v in c.detached().items(): self._channel_metrics[f"composer/{k}"].append(v)
             self._last_sdpo = float(c.sdpo_jsd.detach())
@@ -146,28 +146,24 @@ except ImportError:  # the class still imports; building one says what to instal
 class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
     "TRL `GRPOTrainer` whose loss is GRPO + α·SDPO + β·trace-replay DPO, the trace channels fed by a side iterator."
     def __init__(self, *args,
-                 alpha_sdpo:float=0.1, # channel-2 weight
-                 beta_replay:float=0.05, # channel-3 weight
-                 sdpo_jsd_beta:float=0.5, # JSD beta
-                 sdpo_temperature:float=1.0, # SDPO softmax temperature
-                 sdpo_token_clip:float|None=None, # per-token JSD clamp
-                 replay_dpo_beta:float=0.1, # DPO beta
+                 loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options)
                  trace_dataset:Sequence[dict]|None=None, # TraceExamples feeding channels 2 and 3
                  data_collator:ComposerDataCollator|None=None, # collates trace batches (required with trace_dataset)
                  trace_batch_size:int=2, # traces per micro-batch
-                 dpo_variant:str="dpo", sdpo_wrapper:str="none", simpo_beta:float=2.0, simpo_gamma:float=1.0,
-                 entropy_opd_h_max:float|None=None, chunk_size:int|None=None, ref_model=None,
-                 taid_scheduler:TAIDScheduler|None=None,
-                 **kwargs):
+                 ref_model=None, # frozen DPO reference (default: a frozen copy of the model)
+                 taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
+                 **kwargs): # GRPOTrainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ...
         if not _TRL_AVAILABLE: raise ImportError("ComposerReplicationTrainer needs trl: pip install composer-replication[trl]")
+        where = "ComposerReplicationTrainer"
+        config = _check_trainer_config(_trainer_loss_config(loss_config, kwargs, where), where)
+        if config.lm_ce_label_smoothing != 0:
+            raise ValueError(f"{where}: lm_ce_label_smoothing has no effect here (channel 1 is GRPO, not cross-entropy); leave it 0, "
+                             f"got {config.lm_ce_label_smoothing}")
         if trace_dataset is not None and data_collator is None:
             raise ValueError("trace_dataset needs data_collator=ComposerDataCollator(tokenizer, config) to collate trace batches")
         if trace_batch_size < 1: raise ValueError(f"trace_batch_size must be >= 1, got {trace_batch_size}")
         super().__init__(*args, **kwargs)
-        self._init_channels(self.model, alpha_sdpo=alpha_sdpo, beta_replay=beta_replay, sdpo_jsd_beta=sdpo_jsd_beta,
-                            sdpo_temperature=sdpo_temperature, sdpo_token_clip=sdpo_token_clip, replay_dpo_beta=replay_dpo_beta,
-                            dpo_variant=dpo_variant, sdpo_wrapper=sdpo_wrapper, simpo_beta=simpo_beta, simpo_gamma=simpo_gamma,
-                            entropy_opd_h_max=entropy_opd_h_max, chunk_size=chunk_size, ref_model=ref_model, taid_scheduler=taid_scheduler)
+        self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.trace_collator, self.trace_batch_size = data_collator, trace_batch_size
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
         self.trace_dataset = list(trace_dataset)[rank::world] if trace_dataset is not None else None
@@ -195,13 +191,13 @@ class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
     def _compute_sdpo_loss(self, model, inputs):
         "Channel 2 on a trace batch (0 with a gradient when its weight is 0 or its keys are missing)."
         if self.alpha_sdpo == 0: return self._zero(model)
-        loss = sdpo_channel_loss(model, inputs, taid_t=self._taid_t(), **self.sdpo_kwargs)
+        loss = sdpo_channel_loss(model, inputs, config=self._step_config())
         return self._zero(model) if loss is None else loss
 
     def _compute_trace_replay_loss(self, model, inputs):
         "Channel 3 (DPO or SimPO) on a trace batch's pairs (0 with a gradient when there are none)."
         if self.beta_replay == 0: return self._zero(model)
-        loss = replay_channel_loss(model, self._with_ref_logprobs(inputs), **self.replay_kwargs)
+        loss = replay_channel_loss(model, self._with_ref_logprobs(inputs), config=self.loss_config)
         return self._zero(model) if loss is None else loss
 
     def _compute_loss(self, model, inputs):

@@ -102,7 +102,7 @@ def bytes_per_step(world: int = 2, H: int = 5, steps: int = 10) -> dict:
     finally: shutil.rmtree(tmp, ignore_errors=True)
     if any(r["status"] != "succeeded" for r in res): raise RuntimeError(f"replicas failed: {[r['error'] for r in res]}")
     out = [r["result"] for r in res]
-    from composer_replication.testing import tiny_causal_lm
+    from composer_replication.tiny import tiny_causal_lm
     P = sum(p.numel() for p in tiny_causal_lm().parameters()); model_bytes = 4 * P
     ddp = 2 * (world - 1) / world * model_bytes  # ring all-reduce: bytes each rank sends per step (and receives)
     rows = []

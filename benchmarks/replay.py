@@ -1,6 +1,6 @@
 """Benchmark: teacher replay throughput against the local teacher server (wall time vs the ideal, calls/s).
 
-1,000 states x 3 teachers against `composer_replication.testing.teacher_server.TeacherServer` at 50 ms latency, 64 calls
+1,000 states x 3 teachers against `composer_replication.teacher_server.TeacherServer` at 50 ms latency, 64 calls
 in flight. The ideal wall time is calls x latency / concurrency (3,000 x 0.05 / 64 = 2.34 s); the target is <= 1.3x.
 The server runs in its own process; each client configuration runs in its own subprocess (clean peak RSS):
 
@@ -44,7 +44,7 @@ def teachers(k):
 def serve(latency, k):
     "Run the teacher server until stdin closes; print its base URL first."
     sys.path.insert(0, str(ROOT))
-    from composer_replication.testing.teacher_server import ModelPolicy, TeacherServer
+    from composer_replication.teacher_server import ModelPolicy, TeacherServer
     reply = {"content": None, "tool_calls": [{"name": "Bash", "arguments": {"command": "pytest -x tests/"}}]}
     pol = {t["slug"]: ModelPolicy(reply=reply, latency_s=latency, input_per_mtok=1.0, output_per_mtok=2.0) for t in teachers(k)}
     with TeacherServer(pol) as srv:

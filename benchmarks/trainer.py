@@ -36,7 +36,7 @@ def _setup():
     import torch
     from composer_replication.hint_generator import dispatch
     from composer_replication.ingestion.claude_code import ClaudeCodeIngester
-    from composer_replication.testing import tiny_tokenizer
+    from composer_replication.tiny import tiny_tokenizer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     torch.set_num_threads(2)
     tok = tiny_tokenizer()
@@ -58,7 +58,7 @@ def worker(cfg: str, steps: int, warmup: int) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from composer_replication.testing import tiny_causal_lm
+    from composer_replication.tiny import tiny_causal_lm
     from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
     from composer_replication.loss import replay_channel_loss, sdpo_channel_loss
     from composer_replication.trainer.data_collator import precompute_ref_logprobs

@@ -47,7 +47,7 @@ def _cmd_ingest(args) -> int:
     if not args.src.strip(): return _fail("SRC must be a session .jsonl file or a folder, got an empty path")
     if not args.out.strip(): return _fail("--out must be a file path, got an empty one")
     return ingest_command(args.src, args.out, skip_sidechain=not args.subagents, redact=not args.no_redact,
-                          progress=not args.quiet)
+                          progress=not args.quiet, source=args.source)
 
 def _cmd_demo(args) -> int:
     from composer_replication.demo import FLAGS, DemoConfig, DemoInputError, run_demo
@@ -62,6 +62,15 @@ class _Parser(argparse.ArgumentParser):
     "An ArgumentParser whose usage errors are one line on stderr (exit status 2)."
     def error(self, message): self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+def _cmd_eval(args) -> int:
+    from composer_replication.evaluation import eval_command
+    return eval_command(args.sessions, args.expected, args.model, args.out, max_new_tokens=args.max_new_tokens,
+                        max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet)
+
+def _sources() -> list[str]:
+    from composer_replication.ingestion.core import TRACE_SOURCES
+    return ["auto", *TRACE_SOURCES]
+
 def build_parser() -> argparse.ArgumentParser:
     "The `composer-replication` argument parser, one subparser per subcommand."
     from composer_replication import __version__
@@ -70,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser("info", help="show the version and which optional stacks are installed")
     s.set_defaults(func=_cmd_info)
-    s = sub.add_parser("ingest", help="turn Claude Code sessions into TraceState JSONL")
-    s.add_argument("src", help="a session .jsonl file or a project folder")
+    s = sub.add_parser("ingest", help="turn agent sessions (Claude Code, Codex CLI) into TraceState JSONL",
+                       epilog="example: composer-replication ingest ~/.claude/projects/my-repo --out states.jsonl")
+    s.add_argument("src", help="a session .jsonl file or a project folder (Claude Code), or a rollout-*.jsonl or sessions folder (Codex CLI)")
+    s.add_argument("--source", choices=_sources(), default="auto", help="the trace source (default: auto, detected from the file)")
     s.add_argument("--out", required=True, help="where to write the states (JSONL)")
     s.add_argument("--subagents", action="store_true", help="also ingest subagent transcripts as their own traces")
     s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
@@ -94,8 +105,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence (default: 768)")
     s.add_argument("--max-dpo-seq-len", dest="max_dpo_seq_len", type=int, help="token cap per DPO sequence (default: 384)")
     s.add_argument("--seed", dest="seed", type=int, help="seed, 0 <= seed < 2**32 (default: 0)")
+    s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())} (default: auto)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")
     s.set_defaults(func=_cmd_demo)
+    s = sub.add_parser("eval", help="agent behaviour on sessions with known right actions: recovery, next-action and preference accuracy",
+                       epilog="example: composer-replication eval suite/heldout suite/heldout/expected.jsonl --model smollm2-135m-instruct --out eval/")
+    s.add_argument("sessions", help="a folder of sessions (a task-suite split folder is read through its sessions/)")
+    s.add_argument("expected", help="the expected-actions JSONL (composer_replication.task_suite's format)")
+    s.add_argument("--model", required=True, help="smollm2-135m-instruct, tiny, or a local Hugging Face model folder")
+    s.add_argument("--out", required=True, help="folder for records.jsonl and summary.json")
+    s.add_argument("--max-new-tokens", type=int, default=256, help="generation cap per state (default: 256)")
+    s.add_argument("--max-states", type=int, default=None, help="evaluate only the first N states")
+    s.add_argument("--batch-size", type=int, default=8, help="states per generation batch (default: 8)")
+    s.add_argument("--device", default=None, help="cpu, cuda, ... (default: the model's)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_eval)
     return p
 
 # %% ../nbs/41_cli.ipynb #e0747825

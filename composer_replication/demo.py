@@ -39,7 +39,8 @@ AGREEMENT_THRESHOLD = 2  # teachers that must agree on an action the student did
 FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
     "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
-    "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed"}
+    "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
+    "source": "--source"}
 
 class DemoInputError(ValueError):
     "Bad input found while the demo runs (a session without assistant turns, a model that does not load, ...); names the field and flag."
@@ -87,12 +88,16 @@ class DemoConfig:
     max_seq_len: int = 768        # collator cap (latest turns kept)
     max_dpo_seq_len: int = 384    # collator cap for pairs (response kept whole)
     seed: int = 0                 # seeds the tiny model's weights and the trainer (numpy needs 0 <= seed < 2**32)
+    source: str = "auto"          # the session's trace source: "auto" (detected from the file), "claude-code" or "codex"
     loss: LossConfig|dict|None = None  # every loss option (a LossConfig, or a dict of its fields from a recipe file); the weights above override its own
 
     def __post_init__(self):
         for k, lo, hi in (("steps", 1, None), ("max_seq_len", 2, None), ("max_dpo_seq_len", 2, None), ("seed", 0, 2**32 - 1)):
             setattr(self, k, _int(k, getattr(self, k), lo, hi))
         self.lr = _real("lr", self.lr, positive=True)
+        from composer_replication.ingestion.core import TRACE_SOURCES
+        if not isinstance(self.source, str) or (self.source != "auto" and self.source not in TRACE_SOURCES):
+            raise _bad("source", f"must be auto or one of {sorted(TRACE_SOURCES)}, got {self.source!r}")
         for k in ("alpha_sdpo", "beta_replay", "max_total_usd"):
             if getattr(self, k) is not None or k == "max_total_usd": setattr(self, k, _real(k, getattr(self, k)))
         if self.session is not None:
@@ -203,7 +208,7 @@ def scripted_policies(states:list[dict], # the trace being replayed
                       teachers:list[dict]=SCRIPTED_TEACHERS, # three teacher specs (prices are billed)
                      ) -> dict:
     "ModelPolicies for the local TeacherServer: two teachers give the corrected action, one a generic reply."
-    from composer_replication.testing.teacher_server import ModelPolicy
+    from composer_replication.teacher_server import ModelPolicy
     from composer_replication.ingestion.claude_code import action_to_message
     by_len = {len(s["messages"]): i for i, s in enumerate(states)}
     def policy(k):
@@ -257,7 +262,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
              *, progress:bool=True, # progress bars and the printed summary
             ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
     "Ingest, replay, mine pairs, collate and train; write everything under `cfg.out/cfg.name`."
-    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    from composer_replication.ingestion.core import make_ingester
     cfg = DemoConfig() if cfg is None else cfg
     if not isinstance(cfg, DemoConfig): raise TypeError(f"cfg must be a DemoConfig, got {type(cfg).__name__}")
     t0 = time.perf_counter()
@@ -272,8 +277,9 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
     if (why := _creatable(run)): raise _bad("out", why, DemoInputError)
     session = Path(cfg.session) if cfg.session else SAMPLE_SESSION
-    ing = ClaudeCodeIngester()
-    try: stream = ing.ingest(session)                        # checks the path (as DemoConfig did)
+    try:
+        ing = make_ingester(cfg.source, path=session, fallback="claude-code")  # a Claude Code session or a Codex CLI rollout
+        stream = ing.ingest(session)                         # checks the path (as DemoConfig did)
     except (FileNotFoundError, ValueError) as e: raise _bad("session", _one_line(e), DemoInputError) from e
     try: states = list(stream)
     except OSError as e: raise _bad("session", f"cannot read {session}: {e.strerror or e}", DemoInputError) from e
@@ -288,12 +294,12 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     from transformers.utils import logging as hf_logging
     from composer_replication.hint_generator import dispatch
     from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace, save_pairs
-    from composer_replication.testing.teacher_server import TeacherServer
+    from composer_replication.teacher_server import TeacherServer
     from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
     if cfg.model is None:
-        from composer_replication.testing import tiny_causal_lm, tiny_tokenizer
+        from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
         tok, model = tiny_tokenizer(), tiny_causal_lm(seed=cfg.seed)
     else:
         from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -207,7 +207,7 @@ def load_student(name_or_path:str|os.PathLike, # "smollm2-135m-instruct", "tiny"
         raise TypeError(f"name_or_path must be a student name or a folder path, got {type(name_or_path).__name__}")
     name, dt, dev = os.fspath(name_or_path), _torch_dtype(dtype), _torch_device(device)
     if name == "tiny":
-        from composer_replication.testing import tiny_causal_lm, tiny_tokenizer  # moves to a runtime module later
+        from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer  # moves to a runtime module later
         model, tok = tiny_causal_lm(dtype=dt), tiny_tokenizer()
     else:
         folder = smollm2_dir(cache_dir) if name == "smollm2-135m-instruct" else _hf_folder(name)

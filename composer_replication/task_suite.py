@@ -801,7 +801,7 @@ def suite_policies(states:Sequence[dict], # the ingested states being replayed
     "ModelPolicies for the local TeacherServer: at each state all teachers but one answer the right action; one is noisy."
     from composer_replication.ingestion.claude_code import action_to_message
     from composer_replication.teacher_replay import DEFAULT_INSTRUCTION, openai_messages
-    from composer_replication.testing.teacher_server import ModelPolicy, request_key
+    from composer_replication.teacher_server import ModelPolicy, request_key
     if len(teachers) < 2: raise ValueError(f"teachers must hold at least 2 specs (all but one answer right), got {len(teachers)}")
     rows = {r["state_id"]: r for r in expected}
     instruction = DEFAULT_INSTRUCTION if instruction is None else instruction

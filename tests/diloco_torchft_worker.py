@@ -18,7 +18,7 @@ from torch.distributed import TCPStore
 from torchft import Manager, ProcessGroupGloo
 
 from composer_replication.diloco import make_diloco_outer_loop
-from composer_replication.testing import tiny_causal_lm
+from composer_replication.tiny import tiny_causal_lm
 
 
 class _LoopbackHTTPServer(ThreadingHTTPServer):

@@ -52,8 +52,9 @@ def bad(tmp_path):
 
 @pytest.mark.parametrize("args, needles", [
     (["--session", "{d}/empty.jsonl"], ["session (--session)", "empty"]),
-    (["--session", "{d}/other.jsonl"], ["session (--session)", "no assistant turns"]),
-    (["--session", "{d}/binary.jsonl"], ["session (--session)", "no assistant turns"]),
+    (["--session", "{d}/other.jsonl", "--source", "claude-code"], ["session (--session)", "no assistant turns"]),
+    (["--session", "{d}/binary.jsonl", "--source", "claude-code"], ["session (--session)", "no assistant turns"]),
+    (["--source", "cursor"], ["source (--source)", "must be auto or one of"]),
     (["--session", "{d}/notes"], ["session (--session)", "no .jsonl"]),
     (["--session", "{d}/nope.jsonl"], ["session (--session)", "not found"]),
     (["--model", "{d}/model"], ["model (--model)", "cannot load"]),
@@ -108,7 +109,7 @@ def test_usage_errors_are_one_line():
 @pytest.mark.slow
 def test_demo_with_a_model_folder(tmp_path):
     "`--model` with a saved causal LM folder runs the whole job (the tiny Llama and its tokenizer, saved)."
-    from composer_replication.testing import tiny_causal_lm, tiny_tokenizer
+    from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
     tiny_causal_lm(seed=1).save_pretrained(tmp_path/"m"); tiny_tokenizer().save_pretrained(tmp_path/"m")
     rc, out, err = cli("demo", "--model", tmp_path/"m", "--steps", "2", "--out", tmp_path/"runs", "--name", "r", timeout=300)
     assert rc == 0, err[-2000:]

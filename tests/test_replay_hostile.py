@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from composer_replication.teacher_replay import (TeacherReplayError, scan_journal, extract_dpo_pairs, load_pairs, read_journal,
                                                  replay_trace, save_pairs, worst_case_usd)
-from composer_replication.testing.teacher_server import ModelPolicy, TeacherServer
+from composer_replication.teacher_server import ModelPolicy, TeacherServer
 from composer_replication.ingestion.core import render_action
 
 SYS = {"role": "system", "content": "You are a coding agent."}

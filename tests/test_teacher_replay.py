@@ -1,6 +1,6 @@
 """Teacher replay against a real loopback server: what the notebooks cannot host (concurrency, cancellation, logs, TRL).
 
-Every test drives `replay_trace` through `composer_replication.testing.teacher_server.TeacherServer` over real HTTP on
+Every test drives `replay_trace` through `composer_replication.teacher_server.TeacherServer` over real HTTP on
 127.0.0.1 and counts calls *at the server*. Nothing reaches the network; no real key is used.
 """
 import asyncio
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from composer_replication.teacher_replay import (OpenAICompatibleProvider, TeacherReplayError, action_key, extract_dpo_pairs,
                                                  read_journal, replay_trace, to_preference_rows)
-from composer_replication.testing.teacher_server import Failure, ModelPolicy, TeacherServer
+from composer_replication.teacher_server import Failure, ModelPolicy, TeacherServer
 
 PLANTED = "sk-or-v1-PLANTED-7f3a9c2e1d0b4a65"
 SYS = {"role": "system", "content": "You are a coding agent."}
@@ -336,7 +336,7 @@ def test_preference_rows_feed_trl_dpo_trainer(tmp_path):
     pytest.importorskip("trl")
     from datasets import Dataset
     from trl import DPOConfig, DPOTrainer
-    from composer_replication.testing import tiny_causal_lm, tiny_tokenizer
+    from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
     U = {"role": "user", "content": "Fix utils.py"}
     A1 = {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
           "function": {"name": "Read", "arguments": '{"file_path": "utils.py"}'}}]}
@@ -409,7 +409,7 @@ def test_normalized_pairs_feed_the_collator():
     """replaysim's normalized pairs, converted with `to_collator_pairs`, are DPO pairs the collator tokenizes like the originals."""
     pytest.importorskip("transformers")
     from composer_replication.replaysim import DJNormalizer, to_collator_pairs
-    from composer_replication.testing import tiny_tokenizer
+    from composer_replication.tiny import tiny_tokenizer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
     U = {"role": "user", "content": "Fix utils.py"}
     states = [{"state_id": "a", "messages": [SYS, U], "student_action": "I give up."},

@@ -10,7 +10,7 @@ from typing import Iterator
 import orjson
 from ..jsonl import JsonlAppender, loads_line
 from .core import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, normalize_blocks,
+    SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, make_ingester, normalize_blocks,
     parse_student_action, record_format, redact_json, redact_secrets, render_action, token_counter)
 _all_ = ["SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # re-exported from ingestion.core: they were defined here before it
@@ -410,11 +410,13 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
                    *, skip_sidechain:bool=True, # skip subagent transcripts
                    redact:bool=True, # replace secrets by [REDACTED:<kind>]
                    progress:bool=True, # show a tqdm progress bar on stderr
+                   source:str="claude-code", # the trace source: "auto" (detected from the file), "claude-code" or "codex"
                   ) -> int: # exit status: 0 ok, 2 bad input
     "CLI body: ingest `src` and write its TraceStates to `out` as JSONL; print a stats summary."
     from tqdm import tqdm
     def fail(msg): print(f"error: {msg}", file=sys.stderr); return 2
-    ing = ClaudeCodeIngester(skip_sidechain=skip_sidechain, redact_secrets=redact)
+    try: ing = make_ingester(source, path=src, fallback="claude-code", skip_sidechain=skip_sidechain, redact_secrets=redact)
+    except (FileNotFoundError, ValueError, TypeError) as e: return fail(str(e))
     try: states = ing.ingest(Path(src))
     except (FileNotFoundError, ValueError) as e: return fail(str(e))
     outp = Path(out)
@@ -444,7 +446,9 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
                     "ingest them with skip_sidechain=False (--subagents)")
     if st.n_records_total == 0 or unreadable == st.n_records_total:
         drop()
-        return fail(f"{str(src)!r} is not Claude Code session JSONL: no line is a JSON object")
+        kind = source if source != "auto" else detect_trace_format(src)
+        what = "Claude Code session JSONL" if kind in ("claude-code", "unknown") else f"a readable {kind} trace"
+        return fail(f"{str(src)!r} is not {what}: no line is a JSON object")
     try: os.replace(tmp, outp)
     except OSError as e: drop(); return fail(f"cannot write --out {str(out)!r}: {e.strerror}")
     print(f"wrote {st.n_states_emitted} states ({st.n_tool_use_blocks} tool calls) from {st.n_files} file(s) to {out}")

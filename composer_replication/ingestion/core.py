@@ -405,6 +405,7 @@ def detect_trace_format(path:Path, # a trace file, or a folder (its first *.json
 # %% ../../nbs/09_ingestion.core.ipynb #9871b94a
 def make_ingester(source:str="auto", # a TRACE_SOURCES key, or "auto": the source that wrote `path`
                   path:str|Path|None=None, # the trace file or folder to detect the source from (read only for "auto")
+                  fallback:str|None=None, # with "auto": the source to use when detection cannot tell (None: a ValueError); lets that adapter explain the file
                   **options, # the adapter's constructor options: system_prompt, skip_sidechain, strip_thinking, max_history_tokens, redact_secrets, ...
                  ) -> TraceSource: # an adapter instance; call its `.ingest(path)`
     "The ingester for trace source `source`, or for whichever agent wrote `path` when `source='auto'`."
@@ -412,7 +413,10 @@ def make_ingester(source:str="auto", # a TRACE_SOURCES key, or "auto": the sourc
     valid = ", ".join(repr(k) for k in TRACE_SOURCES)
     if source == "auto":
         if path is None: raise ValueError(f"source='auto' needs a path to detect the trace format from; or pass source= one of {valid}")
-        found = detect_trace_format(path)
+        found = detect_trace_format(path) if fallback is None or Path(path).exists() else "unknown"
+        if found == "unknown" and fallback is not None:
+            if fallback not in TRACE_SOURCES: raise ValueError(f"unknown fallback {fallback!r}: expected one of {valid}")
+            found = fallback
         if found == "unknown":
             raise ValueError(f"cannot tell which agent wrote {str(path)!r}: its first lines are not records of any known trace source; "
                              f"pass source= one of {valid}")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 # %% auto #0
-__all__ = ['STATUSES', 'FINAL_STATUSES', 'ReplicaHandle', 'ServerlessExecutor', 'LocalProcessExecutor']
+__all__ = ['STATUSES', 'FINAL_STATUSES', 'ReplicaHandle', 'ServerlessExecutor', 'resolve_entrypoint', 'LocalProcessExecutor']
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #d76524b2
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")  # what `poll` returns
@@ -52,7 +52,7 @@ class ServerlessExecutor(Protocol):
     def collect(self, handles:list[ReplicaHandle], *, timeout:int|None=None) -> list[dict[str, Any]]: ...
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #223f7b84
-def _resolve_entrypoint(entrypoint:str|Callable[..., Any]) -> Callable[..., Any]:
+def resolve_entrypoint(entrypoint:str|Callable[..., Any]) -> Callable[..., Any]:
     "Turn a module path (its `main`), `module.function`, `module:function` or a callable into the callable."
     if callable(entrypoint): return entrypoint
     if not isinstance(entrypoint, str) or not entrypoint.strip():
@@ -82,7 +82,7 @@ def _replica_main(rank:int, rank_env:str, entrypoint:Any, kwargs:dict, log_path:
     os.environ[rank_env] = str(rank)
     code = 0
     try:
-        result = _resolve_entrypoint(entrypoint)(**kwargs)
+        result = resolve_entrypoint(entrypoint)(**kwargs)
         msg = ("ok", result)
     except SystemExit as e:
         ok = e.code in (None, 0)
@@ -169,7 +169,7 @@ class LocalProcessExecutor:
             if mod in (None, "__main__") or "<lambda>" in getattr(entrypoint, "__qualname__", "") or "<locals>" in getattr(entrypoint, "__qualname__", ""):
                 raise ValueError(f"entrypoint {entrypoint!r} is not importable by a spawned process: define it at module level in an "
                                  "importable module, or pass its 'module.function' path")
-        else: _resolve_entrypoint(entrypoint)  # fail here, once, on a typo
+        else: resolve_entrypoint(entrypoint)  # fail here, once, on a typo
         try: pickle.dumps((entrypoint, kwargs))
         except Exception as e: raise ValueError(f"entrypoint and entrypoint_args must be picklable for a spawned process: {e}") from e
         launch = uuid.uuid4().hex[:8]; handles = []

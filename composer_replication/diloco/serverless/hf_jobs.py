@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from .executor import FINAL_STATUSES, ReplicaHandle, _resolve_entrypoint
+from .executor import FINAL_STATUSES, ReplicaHandle, resolve_entrypoint
 
 # %% auto #0
 __all__ = ['RESULT_MARKER', 'gpu_flavor', 'job_status', 'replica_command', 'run_replica', 'parse_result', 'HFJobsExecutor']
@@ -64,7 +64,7 @@ def run_replica(entrypoint:str, # what `replica_command` named
     "Job side: call the entry point with the keyword arguments and print its result after `RESULT_MARKER` (non-JSON values summarised)."
     kwargs = json.loads(kwargs_json)
     if not isinstance(kwargs, dict): raise ValueError(f"keyword arguments must be a JSON object, got {kwargs_json[:100]!r}")
-    result = _resolve_entrypoint(entrypoint)(**kwargs)
+    result = resolve_entrypoint(entrypoint)(**kwargs)
     text = json.dumps(result, default=lambda o: f"<{type(o).__name__}>")
     print(RESULT_MARKER + (text if len(text) <= 1_000_000 else json.dumps({"result_type": type(result).__name__, "truncated": True})), flush=True)
     return result

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from .executor import FINAL_STATUSES, ReplicaHandle, _resolve_entrypoint
+from .executor import FINAL_STATUSES, ReplicaHandle, resolve_entrypoint
 
 # %% auto #0
 __all__ = ['modal_replica_main', 'define_replica_function', 'ModalExecutor']
@@ -26,7 +26,7 @@ def modal_replica_main(entrypoint:str, # 'module', 'module.function' or 'module:
     "Body of the Modal function: put the rank in the environment, call the entry point, return its result."
     os.environ[rank_env] = str(rank)
     if world_size is not None: os.environ["WORLD_SIZE"] = str(world_size)
-    return _resolve_entrypoint(entrypoint)(**kwargs)
+    return resolve_entrypoint(entrypoint)(**kwargs)
 
 def define_replica_function(app:Any, # a `modal.App`
                             image:Any, # a `modal.Image` with composer-replication installed

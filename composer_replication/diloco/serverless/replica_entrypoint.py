@@ -80,7 +80,7 @@ def train_tiny_replica(manager:Any=None, # MockManager / torchft Manager (None o
                       ) -> dict[str, Any]:
     "Train the tiny causal LM on rank `rank`'s synthetic shard under DiLoCo; return losses, sync steps, weight digests (and weights)."
     import contextlib
-    from composer_replication.testing import tiny_causal_lm
+    from composer_replication.tiny import tiny_causal_lm
     if use_diloco and manager is None: raise ValueError("manager is required when use_diloco=True")
     prev_threads = torch.get_num_threads()
     if num_threads: torch.set_num_threads(num_threads)

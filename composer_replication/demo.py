@@ -263,6 +263,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
             ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
     "Ingest, replay, mine pairs, collate and train; write everything under `cfg.out/cfg.name`."
     from composer_replication.ingestion.core import make_ingester
+    from composer_replication.jsonl import write_jsonl
     cfg = DemoConfig() if cfg is None else cfg
     if not isinstance(cfg, DemoConfig): raise TypeError(f"cfg must be a DemoConfig, got {type(cfg).__name__}")
     t0 = time.perf_counter()
@@ -329,8 +330,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         if "belongs to another run" not in str(e): raise
         raise _bad("name", f"the run folder {run} holds the replay journal of another run (other teachers or another session): "
                            f"choose another --name, or delete {journal} to start over", DemoInputError) from e
-    with (run/"states.jsonl").open("w") as f:   # after the replay: a refused resume leaves the earlier run's files as they were
-        for s in states: f.write(json.dumps(s, ensure_ascii=False) + "\n")
+    write_jsonl(run/"states.jsonl", states)   # after the replay: a refused resume leaves the earlier run's files as they were
     failed_calls = sum(r["error"] is not None for r in results)
     if results and failed_calls == len(results):
         raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
@@ -360,8 +360,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     t_train = time.perf_counter() - t2
     metrics = [{"step": l["step"], **{k.split("/")[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l["loss"]}
                for l in trainer.state.log_history if "composer/total" in l]
-    with (run/"metrics.jsonl").open("w") as f:
-        for m in metrics: f.write(json.dumps(m) + "\n")
+    write_jsonl(run/"metrics.jsonl", metrics)
     trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))
     if (run/"checkpoints").is_dir() and not any((run/"checkpoints").iterdir()): (run/"checkpoints").rmdir()
     _plot(metrics, list(results), states, run/"plots.png")

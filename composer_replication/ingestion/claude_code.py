@@ -11,7 +11,7 @@ import orjson
 from ..jsonl import JsonlAppender, loads_line
 from .core import (
     SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, make_ingester, normalize_blocks,
-    parse_student_action, record_format, redact_json, redact_secrets, render_action, token_counter)
+    parse_student_action, record_format, redact_json, redact_secrets, render_action, TraceSourceBase)
 _all_ = ["SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # re-exported from ingestion.core: they were defined here before it
 
@@ -204,7 +204,7 @@ def _dumps(o):
 # %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
 _BOM = b"\xef\xbb\xbf"
 
-class ClaudeCodeIngester:
+class ClaudeCodeIngester(TraceSourceBase):
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
     def __init__(self, *,
                  system_prompt:str=SYSTEM_PROMPT, # synthetic system message put at history[0]
@@ -214,13 +214,9 @@ class ClaudeCodeIngester:
                  tokenizer=None, # measures max_history_tokens: `.encode(str)` or callable; None = `estimate_tokens`
                  redact_secrets:bool=True, # replace secrets by [REDACTED:<kind>] before a state is yielded
                 ):
-        if not isinstance(system_prompt, str): raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
-        if max_history_tokens is not None and (not isinstance(max_history_tokens, int) or isinstance(max_history_tokens, bool) or max_history_tokens <= 0):
-            raise ValueError(f"max_history_tokens must be a positive int or None, got {max_history_tokens!r}")
-        self._count = token_counter(tokenizer)  # TypeError for a tokenizer it cannot use
-        self.system_prompt, self.skip_sidechain, self.strip_thinking = system_prompt, bool(skip_sidechain), bool(strip_thinking)
-        self.max_history_tokens, self.tokenizer, self.redact_secrets = max_history_tokens, tokenizer, bool(redact_secrets)
-        self.last_stats, self.last_summaries = IngestionStats(), {}
+        super().__init__(system_prompt=system_prompt, skip_sidechain=skip_sidechain, strip_thinking=strip_thinking,
+                         max_history_tokens=max_history_tokens, tokenizer=tokenizer, redact_secrets=redact_secrets)
+        self.last_summaries = {}
 
     def ingest(self, path:Path, # a session `.jsonl` file or a folder (project or session) to walk
               ) -> Iterator[TraceState]:

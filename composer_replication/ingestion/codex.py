@@ -10,7 +10,7 @@ from typing import Iterator
 import orjson
 from ..jsonl import loads_line
 from .core import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, normalize_blocks, redact_json, redact_secrets, render_action, token_counter)
+    SYSTEM_PROMPT, IngestionStats, TraceState, normalize_blocks, redact_json, redact_secrets, render_action, TraceSourceBase)
 
 # %% auto #0
 __all__ = ['parse_tool_output', 'is_injected_context', 'CodexIngester']
@@ -209,7 +209,7 @@ def _history_message(ing, p):
     return {"role": "system" if role != "assistant" else "assistant", "content": text}, False
 
 # %% ../../nbs/11_ingestion.codex.ipynb #2c484baa
-class CodexIngester:
+class CodexIngester(TraceSourceBase):
     "Convert Codex CLI rollout JSONL to a stream of TraceStates, one per model response."
     def __init__(self, *,
                  system_prompt:str=SYSTEM_PROMPT, # synthetic system message put at history[0]
@@ -219,13 +219,8 @@ class CodexIngester:
                  tokenizer=None, # measures max_history_tokens: `.encode(str)` or callable; None = `estimate_tokens`
                  redact_secrets:bool=True, # replace secrets by [REDACTED:<kind>] before a state is yielded
                 ):
-        if not isinstance(system_prompt, str): raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
-        if max_history_tokens is not None and (not isinstance(max_history_tokens, int) or isinstance(max_history_tokens, bool) or max_history_tokens <= 0):
-            raise ValueError(f"max_history_tokens must be a positive int or None, got {max_history_tokens!r}")
-        self._count = token_counter(tokenizer)  # TypeError for a tokenizer it cannot use
-        self.system_prompt, self.skip_sidechain, self.strip_thinking = system_prompt, bool(skip_sidechain), bool(strip_thinking)
-        self.max_history_tokens, self.tokenizer, self.redact_secrets = max_history_tokens, tokenizer, bool(redact_secrets)
-        self.last_stats = IngestionStats()
+        super().__init__(system_prompt=system_prompt, skip_sidechain=skip_sidechain, strip_thinking=strip_thinking,
+                         max_history_tokens=max_history_tokens, tokenizer=tokenizer, redact_secrets=redact_secrets)
 
     def ingest(self, path:Path, # a rollout `.jsonl` file, or a folder walked for `rollout-*.jsonl`
               ) -> Iterator[TraceState]:

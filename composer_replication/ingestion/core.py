@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['SYSTEM_PROMPT', 'TRACE_SOURCES', 'TraceState', 'render_action', 'parse_student_action', 'normalize_blocks',
            'as_blocks', 'action_to_message', 'redact_secrets', 'redact_json', 'IngestionStats', 'estimate_tokens',
-           'token_counter', 'TraceSource', 'TraceSourceEntry', 'record_format', 'detect_trace_format', 'make_ingester']
+           'token_counter', 'TraceSource', 'TraceSourceBase', 'TraceSourceEntry', 'record_format',
+           'detect_trace_format', 'make_ingester']
 
 # %% ../../nbs/09_ingestion.core.ipynb #00cccecb
 import importlib, json, re, string
@@ -347,6 +348,25 @@ class TraceSource(Protocol):
 
     def ingest(self, path:Path, # a trace file or a folder of them
               ) -> Iterator[TraceState]: ... # one state per decision of the agent, in file order
+
+# %% ../../nbs/09_ingestion.core.ipynb #9c722e27
+class TraceSourceBase:
+    "The common options of every adapter, checked and stored once: subclass it and write `ingest`."
+    def __init__(self, *,
+                 system_prompt:str=SYSTEM_PROMPT, # synthetic system message put at history[0]
+                 skip_sidechain:bool=True, # skip subagent transcripts (an adapter without them accepts and ignores it)
+                 strip_thinking:bool=True, # drop thinking from histories (kept in the action)
+                 max_history_tokens:int|None=None, # drop the oldest history beyond this many tokens
+                 tokenizer=None, # measures max_history_tokens: `.encode(str)` or callable; None = `estimate_tokens`
+                 redact_secrets:bool=True, # replace secrets by [REDACTED:<kind>] before a state is yielded
+                ):
+        if not isinstance(system_prompt, str): raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
+        if max_history_tokens is not None and (not isinstance(max_history_tokens, int) or isinstance(max_history_tokens, bool) or max_history_tokens <= 0):
+            raise ValueError(f"max_history_tokens must be a positive int or None, got {max_history_tokens!r}")
+        self._count = token_counter(tokenizer)  # TypeError for a tokenizer it cannot use
+        self.system_prompt, self.skip_sidechain, self.strip_thinking = system_prompt, bool(skip_sidechain), bool(strip_thinking)
+        self.max_history_tokens, self.tokenizer, self.redact_secrets = max_history_tokens, tokenizer, bool(redact_secrets)
+        self.last_stats = IngestionStats()
 
 # %% ../../nbs/09_ingestion.core.ipynb #4149a198
 class TraceSourceEntry(NamedTuple):

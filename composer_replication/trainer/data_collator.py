@@ -239,6 +239,14 @@ def _cut_points(messages:list[dict]) -> tuple[int, list[int]]:
     while head < len(messages) and messages[head]["role"] == "system": head += 1
     return head, [head] + [i for i in range(head+1, len(messages)) if messages[i]["role"] == "user"]
 
+def _step_points(messages:list[dict]) -> tuple[int, int|None, list[int]]:
+    "(number of leading system messages, index of the task (the first user turn after them) or None, candidate tail starts after the task, oldest first: every user turn and every assistant turn that opens an agent step)."
+    head, _ = _cut_points(messages)
+    task = head if head < len(messages) and messages[head]["role"] == "user" else None
+    start = head + (task is not None)
+    return head, task, [start] + [i for i in range(start+1, len(messages))
+                                  if messages[i]["role"] == "user" or (messages[i]["role"] == "assistant" and messages[i-1]["role"] != "assistant")]
+
 def _pad(rows:list[list[int]], value:int) -> torch.Tensor:
     T = max((len(r) for r in rows), default=0)
     out = torch.full((len(rows), T), value, dtype=torch.long)
@@ -381,14 +389,15 @@ class ComposerDataCollator:
     def _dpo_side(self, prompt:list[dict], action:dict):
         "(ids, response mask) of prompt + action message as the assistant's turn, oldest context dropped to fit; None if the response alone is too long."
         L = self.config.max_dpo_seq_len
-        msgs = list(prompt) + [action]
-        head, cands = _cut_points(msgs[:-1])
-        cands.append(len(msgs) - 1)  # last resort: the system prompt and the response alone
+        head, task, starts = _step_points(prompt)
+        sys_task = prompt[:head] + ([prompt[task]] if task is not None else [])
+        # longest first: the system prompt, the task and the latest whole agent steps; then the task and the response; then the response alone
+        tails = [sys_task + list(prompt[s:]) + [action] for s in starts] + [sys_task + [action], prompt[:head] + [action]]
         def build(c):
-            kept = msgs[:head] + msgs[cands[c]:]
-            ids, own = tokenize_conversation(self.tokenizer, kept)
-            return ids, [int(o == len(kept) - 1) for o in own]
-        (ids, resp), _ = _fit(build, len(cands), lambda r: len(r[0]) <= L)
+            ids, own = tokenize_conversation(self.tokenizer, tails[c])
+            return ids, [int(o == len(tails[c]) - 1) for o in own]
+        (ids, resp), c = _fit(build, len(tails), lambda r: len(r[0]) <= L)
+        if c > 0: self.stats["dpo_sides_steps_dropped"] += 1
         if sum(resp) > L: return None
         if len(ids) > L: ids, resp = ids[-L:], resp[-L:]
         return ids, resp

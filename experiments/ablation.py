@@ -359,12 +359,17 @@ def run(s:Settings, out:Path, save_models:Path|None=None, check_repro:str|None=N
         res = {"model": s.model, "split": sp, "settings": asdict(s), "evaluator": evaluator,
                "interval": "95% Student-t interval over seeds: mean ± t(0.975, n-1)·sd/√n (null for one seed)",
                "versions": _versions(), "commit": _commit(), "configs": {}}
+        entries = {}
         for name in s.configs:
             c = CONFIGS[name]
             seeds = [s.seeds[0]] if not c.get("train", True) else list(s.seeds)
-            entry = {"desc": c["desc"], "seeds": seeds, "metrics": {m: [] for m in METRICS}, "extra": {"first_attempt_recovery_accuracy": []},
-                     "train": [], "eval": []}
-            for seed in seeds:
+            entries[name] = {"desc": c["desc"], "seeds": seeds, "metrics": {m: [] for m in METRICS},
+                             "extra": {"first_attempt_recovery_accuracy": []}, "train": [], "eval": []}
+        # seeds outermost: a run cut short still has every config for the seeds it finished
+        for seed in s.seeds:
+            for name in s.configs:
+                c, entry = CONFIGS[name], entries[name]
+                if seed not in entry["seeds"]: continue
                 t0 = time.perf_counter()
                 if c.get("train", True):
                     model, tok, log = train_one(name, seed, data, s, work)
@@ -373,7 +378,7 @@ def run(s:Settings, out:Path, save_models:Path|None=None, check_repro:str|None=N
                 metrics, ev = evaluate(model, tok, data, s)
                 for m in METRICS: entry["metrics"][m].append(metrics[m])
                 entry["extra"]["first_attempt_recovery_accuracy"].append(metrics["first_attempt_recovery_accuracy"])
-                entry["eval"].append(ev)
+                entry["eval"].append(ev | {"run_s": time.perf_counter() - t0})
                 if log is not None:
                     entry["train"].append({k: log[k] for k in ("train_s", "counts", "first_loss", "last5_loss", "collator")} |
                                           {"median_step_s": sorted(log["step_s"])[len(log["step_s"]) // 2] if log["step_s"] else None,

@@ -66,6 +66,7 @@ class Settings:
     eval_batch_size: int = 8
     suite_seed: int = 0             # the task suite (data) seed: fixed across configs and training seeds
     threads: int = 0                # torch CPU threads (0: leave torch's default)
+    records: bool = False           # keep every evaluated state's record (generation, parsed action, log-probs) in the JSON
     quick: bool = False
 
 QUICK = dict(seeds=[0], steps=2, warmup_steps=0, n_train=3, n_heldout=2, eval_nonerror=3, max_new_tokens=12,
@@ -302,7 +303,9 @@ def evaluate(model, tok, data:dict, s:Settings) -> tuple[dict, dict]:
         v = summ.get(k, {}).get("rate") if isinstance(summ.get(k), dict) else summ.get(k)
         out[m] = None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v)
     counts = {m: {"k": summ[k].get("k"), "n": summ[k].get("n")} for m, k in _SUMMARY_KEY.items() if isinstance(summ.get(k), dict)}
-    return out, {"counts": counts, "seconds": summ.get("seconds")}
+    ev = {"counts": counts, "seconds": summ.get("seconds")}
+    if s.records: ev["records"] = res.records
+    return out, ev
 
 # -- learning-rate choice on the train split -----------------------------------------------------------------------
 def dev_ce(model, tok, dev_states, s:Settings) -> float:
@@ -550,6 +553,7 @@ def main(argv=None):
     p.add_argument("--save-models", metavar="DIR", help="keep each trained model in DIR/<config>-seed<seed>")
     p.add_argument("--check-repro", metavar="CONFIG", help="also train CONFIG with the first seed twice more and report the difference")
     p.add_argument("--estimate", action="store_true", help="time each config's step and one evaluation; project the run's wall time")
+    p.add_argument("--records", action="store_true", help="keep every evaluated state's record (generation, parsed action) in the JSON")
     p.add_argument("--lr-sweep", metavar="LRS", help="comma-separated learning rates: choose one on the train split (config ce)")
     for k in ("n_train", "n_heldout", "eval_nonerror", "max_seq_len", "max_dpo_seq_len", "max_new_tokens", "max_prompt_tokens",
               "train_layers", "warmup_steps", "threads"):
@@ -558,6 +562,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     kw = {k: getattr(a, k) for k in ("n_train", "n_heldout", "eval_nonerror", "max_seq_len", "max_dpo_seq_len", "max_new_tokens",
                                      "max_prompt_tokens", "train_layers", "warmup_steps", "threads", "alpha_sdpo", "beta_replay")}
+    if a.records: kw["records"] = True
     try: s = settings_from_args(a.quick, a.model, a.device, a.configs, a.seeds, a.steps, a.lr, **kw)
     except ValueError as e: p.error(str(e))
     if a.check_repro is not None and a.check_repro not in TRAINED: p.error(f"--check-repro must be a trained config, one of {', '.join(TRAINED)}")

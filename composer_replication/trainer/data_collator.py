@@ -6,10 +6,8 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import numbers
-import re
 import struct
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,108 +19,22 @@ import torch
 from ..hint_generator import classify_error, dispatch
 from ..ingestion.core import action_to_message, as_blocks
 from ..loss import model_sequence_logprobs
-from ..teacher_replay import openai_messages
+from .messages import (
+    TokenizerLike, TraceTurn, assistant_spans, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
+_all_ = ["TraceTurn", "TokenizerLike", "render_conversation", "assistant_spans", "tokenize_conversation", "messages_from_turns"]
 
 # %% auto #0
-__all__ = ['TraceTurn', 'TraceExample', 'TokenizerLike', 'render_conversation', 'assistant_spans', 'tokenize_conversation',
-           'CollatorConfig', 'messages_from_turns', 'ComposerDataCollator', 'trace_examples_from_states',
-           'trace_examples_from_session', 'precompute_ref_logprobs']
+__all__ = ['TraceExample', 'CollatorConfig', 'ComposerDataCollator', 'trace_examples_from_states', 'trace_examples_from_session',
+           'precompute_ref_logprobs', 'TraceTurn', 'TokenizerLike', 'render_conversation', 'assistant_spans',
+           'tokenize_conversation', 'messages_from_turns']
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #0de8dadf
-class TraceTurn(TypedDict, total=False):
-    "One turn of an agentic trace as consumed by `ComposerDataCollator`."
-    role: str                # "system" | "user" | "assistant" | "tool"
-    content: str
-    tool_call: dict|None     # one OpenAI-style tool call (reference field); `tool_calls` takes a list
-    tool_calls: list[dict]   # OpenAI-style tool calls of an assistant turn
-    tool_call_id: str        # on a tool turn: the call it answers
-    tool_error: str|None     # on a tool turn: the error text when the call failed
-    error_meta: dict         # on a tool turn: {"error_kind", "tool_name", "tool_input", ...} for the hint
-
 class TraceExample(TypedDict, total=False):
     "One training example: a conversation's turns, an optional reward, and the DPO pairs mined from its states."
     trace_id: str
     turns: list[TraceTurn]
     final_reward: float
     dpo_pairs: list[dict]|None   # `DPOPair`s: state_id, state_messages, chosen, rejected, n_teachers_agreeing
-
-class TokenizerLike:
-    "The tokenizer surface the collator needs (a Hugging Face fast tokenizer has it)."
-    pad_token_id: int
-    eos_token: str
-    def __call__(self, text:str|list[str], **kwargs:Any) -> dict[str, list]: ...
-    def apply_chat_template(self, messages:list[dict], **kwargs:Any) -> str|list[int]: ...
-
-# %% ../../nbs/20_trainer.data_collator.ipynb #47b8906d
-def _apply_template(tokenizer, msgs, add_generation_prompt):
-    "`apply_chat_template` as text; a template that raises (one that insists on alternating roles, say) is a `ValueError`."
-    try: return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
-    except Exception as e: raise ValueError(f"the chat template cannot render this conversation ({type(e).__name__}: {e})") from e
-
-def _generation_header(tokenizer) -> str:
-    "What the template adds for `add_generation_prompt=True` (the assistant header): the prompt of an empty conversation."
-    probe = [{"role": "user", "content": ""}]
-    with_gen, without = _apply_template(tokenizer, probe, True), _apply_template(tokenizer, probe, False)
-    if not with_gen.startswith(without): raise ValueError("cannot find the chat template's generation prompt: it does not extend the conversation")
-    return with_gen[len(without):]
-
-def render_conversation(tokenizer:TokenizerLike, # has a chat template
-                        messages:list[dict], # OpenAI-style messages
-                        add_generation_prompt:bool=False, # end with the assistant header
-                       ) -> str:
-    "The chat-template rendering of `messages` as text."
-    if not getattr(tokenizer, "chat_template", None): raise ValueError("the tokenizer has no chat template (tokenizer.chat_template is empty)")
-    if not messages: return _generation_header(tokenizer) if add_generation_prompt else ""
-    msgs = [{**m, "content": m.get("content") or ""} for m in openai_messages(messages, instruction=None)]
-    return _apply_template(tokenizer, msgs, add_generation_prompt)
-
-def _last_turn(tokenizer, before, p, f):
-    "The final turn's text in `f` when `f` does not extend the prompt `p`: what follows its own generation header (None if it has none)."
-    base = render_conversation(tokenizer, before)
-    gen = p[len(base):] if p.startswith(base) else ""
-    if not gen or f.count(gen) != base.count(gen) + 1: return None  # the last turn does not render the header it was prompted with
-    return f[f.rfind(gen) + len(gen):]
-
-def assistant_spans(tokenizer:TokenizerLike, # has a chat template and an `eos_token`
-                    messages:list[dict], # OpenAI-style messages
-                   ) -> tuple[str, list[tuple[int, int, int]]]: # (rendering, [(message index, start, end)])
-    "Render `messages` and find the character span of each assistant turn (text, tool calls, end-of-turn token)."
-    full = render_conversation(tokenizer, messages)
-    eos, spans, cursor = getattr(tokenizer, "eos_token", None), [], 0
-    for i, m in enumerate(messages):
-        if m.get("role") != "assistant": continue
-        p = render_conversation(tokenizer, messages[:i], add_generation_prompt=True)
-        f = render_conversation(tokenizer, messages[:i+1])
-        extends = f.startswith(p)
-        seg = f[len(p):] if extends else _last_turn(tokenizer, messages[:i], p, f)
-        if extends and len(p) >= cursor and full.startswith(f): start = len(p)   # prefix-stable
-        else:
-            start = full.find(seg, cursor) if seg else -1
-            if start < 0:
-                raise ValueError(f"cannot locate assistant message {i} in the rendered conversation: the chat template is not "
-                                 "prefix-stable there and the turn's rendering does not occur verbatim in the whole conversation")
-        end = start + len(seg)
-        k = full.rfind(eos, start, end) if eos else -1
-        end = k + len(eos) if k >= 0 else start + len(seg.rstrip())
-        spans.append((i, start, end)); cursor = end
-    return full, spans
-
-# %% ../../nbs/20_trainer.data_collator.ipynb #759fe7a1
-def tokenize_conversation(tokenizer:TokenizerLike, # has a chat template
-                          messages:list[dict], # OpenAI-style messages
-                         ) -> tuple[list[int], list[int]]: # (ids, owner): owner[t] = assistant message index of token t, or -1
-    "Tokenize a conversation piece by piece (each assistant turn alone) and say which turn owns each token."
-    full, spans = assistant_spans(tokenizer, messages)
-    pieces, owners, pos = [], [], 0
-    for i, s, e in spans:
-        if s > pos: pieces.append(full[pos:s]); owners.append(-1)
-        pieces.append(full[s:e]); owners.append(i); pos = e
-    if pos < len(full): pieces.append(full[pos:]); owners.append(-1)
-    enc = tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else []
-    ids, owner = [], []
-    for piece_ids, o in zip(enc, owners):
-        ids.extend(piece_ids); owner.extend([o]*len(piece_ids))
-    return ids, owner
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #7f20acc7
 @dataclass
@@ -150,89 +62,6 @@ class CollatorConfig:
         if self.hint_generator is not None and not callable(self.hint_generator): raise TypeError("hint_generator must be callable")
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #afd2dbec
-_ROLES = ("system", "user", "assistant", "tool")
-_SURROGATE = re.compile("[\ud800-\udfff]")
-_META_STR = ("error_kind", "error_message", "tool_name", "intent")  # HintContext fields the hint templates read as text
-
-def _clean(s:str, stats:Counter|None=None) -> str:
-    "`s` with lone UTF-16 surrogates replaced by U+FFFD (a valid pair written as two code points becomes its character)."
-    if not _SURROGATE.search(s): return s
-    out = s.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-    if stats is not None: stats["lone_surrogates_replaced"] += out.count("\ufffd") - s.count("\ufffd")
-    return out
-
-def _text(v, where:str, field:str, stats=None) -> str:
-    "A text field: a string (cleaned) or None/missing (empty)."
-    if v is None: return ""
-    if not isinstance(v, str): raise TypeError(f"{where}: {field} must be a string, got {type(v).__name__}")
-    return _clean(v, stats)
-
-def _arguments(a, where:str, stats=None) -> str:
-    "Tool-call arguments as the JSON text the template shows: a dict is serialized, a string is kept verbatim (even invalid JSON)."
-    if a is None: return "{}"
-    if isinstance(a, str): return _clean(a, stats)   # what the model emitted; invalid JSON here is a `json_decode` error site
-    if not isinstance(a, dict): raise TypeError(f"{where}: arguments must be a dict or a JSON string, got {type(a).__name__}")
-    try: return _clean(json.dumps(a, ensure_ascii=False, allow_nan=False), stats)
-    except (TypeError, ValueError, RecursionError) as e: raise TypeError(f"{where}: arguments are not JSON-serializable ({e})") from None
-
-def _tool_call(c, where:str, default_id:str, stats=None) -> dict:
-    "One tool call, flat (`name`, `arguments`/`input`) or OpenAI-style (`function`), as an OpenAI tool call."
-    if not isinstance(c, dict): raise TypeError(f"{where}: must be a dict, got {type(c).__name__}")
-    fn = c["function"] if c.get("function") is not None else c   # None-valued keys count as missing (as in a datasets row)
-    if not isinstance(fn, dict): raise TypeError(f"{where}: function must be a dict, got {type(fn).__name__}")
-    name, cid = fn.get("name"), c.get("id")
-    if name is None or name == "": raise ValueError(f"{where}: has no name")
-    if not isinstance(name, str): raise TypeError(f"{where}: name must be a string, got {type(name).__name__}")
-    if cid is not None and not isinstance(cid, str): raise TypeError(f"{where}: id must be a string, got {type(cid).__name__}")
-    args = fn.get("arguments") if fn.get("arguments") is not None else fn.get("input")
-    return {"id": cid if cid is not None else default_id, "type": "function",
-            "function": {"name": _clean(name, stats), "arguments": _arguments(args, f"{where}", stats)}}
-
-def _error_meta(meta, where:str) -> dict|None:
-    "A tool turn's `error_meta`: a dict whose hint-context fields have the types the hint templates expect."
-    if meta is None: return None
-    if not isinstance(meta, dict): raise TypeError(f"{where}: error_meta must be a dict, got {type(meta).__name__}")
-    for k in _META_STR:
-        if meta.get(k) is not None and not isinstance(meta[k], str):
-            raise TypeError(f"{where}: error_meta['{k}'] must be a string, got {type(meta[k]).__name__}")
-    tools, schema = meta.get("available_tools"), meta.get("tool_schema")
-    if tools is not None and not (isinstance(tools, (list, tuple)) and all(isinstance(x, str) for x in tools)):
-        raise TypeError(f"{where}: error_meta['available_tools'] must be a list of strings")
-    if schema is not None and not (isinstance(schema, dict) and (schema.get("required") is None or (
-            isinstance(schema["required"], (list, tuple)) and all(isinstance(x, str) for x in schema["required"])))):
-        raise TypeError(f"{where}: error_meta['tool_schema'] must be a dict whose 'required' is a list of strings")
-    return meta or None
-
-def _messages(turns, where:str="", item:str="turn", stats:Counter|None=None) -> list[dict]:
-    "Validated, normalized OpenAI-style messages from trace turns; errors name `where` and the turn."
-    pre = f"{where}, " if where else ""
-    if not isinstance(turns, (list, tuple)): raise TypeError(f"{where or 'turns'}: must be a list of {item} dicts, got {type(turns).__name__}")
-    out = []
-    for j, t in enumerate(turns):
-        w = f"{pre}{item} {j}"
-        if not isinstance(t, dict) or t.get("role") not in _ROLES:
-            raise ValueError(f"{w}: must be a dict with role system/user/assistant/tool, got {t!r:.80}")
-        m = {"role": t["role"], "content": _text(t.get("content"), w, "content", stats)}
-        if m["role"] == "assistant":
-            calls, one = t.get("tool_calls"), t.get("tool_call")
-            if calls is not None and not isinstance(calls, (list, tuple)): raise TypeError(f"{w}: tool_calls must be a list, got {type(calls).__name__}")
-            if one is not None and not isinstance(one, dict): raise TypeError(f"{w}: tool_call must be a dict, got {type(one).__name__}")
-            calls = list(calls or ([one] if one else []))
-            if calls: m["tool_calls"] = [_tool_call(c, f"{w}, tool call {k}", f"call_{j}_{k}", stats) for k, c in enumerate(calls)]
-        for k in ("tool_call_id", "name", "tool_error"):
-            if t.get(k) is not None and not isinstance(t[k], str): raise TypeError(f"{w}: {k} must be a string, got {type(t[k]).__name__}")
-        if t.get("tool_call_id") is not None: m["tool_call_id"] = t["tool_call_id"]
-        if t.get("name") is not None: m["name"] = _clean(t["name"], stats)
-        if t.get("is_error") is not None and not isinstance(t["is_error"], bool): raise TypeError(f"{w}: is_error must be a bool, got {type(t['is_error']).__name__}")
-        if t.get("tool_error") is not None or t.get("is_error"): m["is_error"] = True
-        if (meta := _error_meta(t.get("error_meta"), w)) is not None: m["error_meta"] = meta
-        out.append(m)
-    return out
-
-def messages_from_turns(turns:list[TraceTurn]) -> list[dict]:
-    "OpenAI-style messages from trace turns (`tool_call` becomes a one-element `tool_calls`), validated field by field."
-    return _messages(turns)
-
 def _cut_points(messages:list[dict]) -> tuple[int, list[int]]:
     "(number of leading system messages kept, candidate start indices of the kept tail: user turns, oldest first)."
     head = 0
@@ -357,7 +186,7 @@ class ComposerDataCollator:
             if hint is not None and not isinstance(hint, str):
                 raise TypeError(f"turn {turn_of[j]}: hint_generator returned {type(hint).__name__} for error kind {kind!r} (a string or None is expected)")
             if hint is None: self.stats["sdpo_sites_without_hint"] += 1; continue
-            hint = _clean(hint, self.stats)
+            hint = clean_text(hint, self.stats)
             for name, k in (("failed", failed), ("reaction", reaction)):
                 if name in cfg.sdpo_targets and k is not None and hint not in out.setdefault(k, []): out[k].append(hint)
         return {k: v for k, v in out.items() if v}
@@ -407,7 +236,7 @@ class ComposerDataCollator:
         if not isinstance(p, dict): raise TypeError(f"{w}: must be a DPOPair dict, got {type(p).__name__}")
         if not p.get("state_messages"):
             raise ValueError(f"{w} (state {p.get('state_id')!r}): has no state_messages (its state is unknown)")
-        prompt = _messages(p["state_messages"], f"{w}.state_messages", "message", self.stats)
+        prompt = messages_from_turns(p["state_messages"], f"{w}.state_messages", "message", self.stats)
         prompt = [prompt[j] for j in _trainable(prompt, self.stats)]
         acts = []
         for k in ("chosen", "rejected"):
@@ -417,9 +246,9 @@ class ComposerDataCollator:
             if blocks is not None:
                 try: act = as_blocks(blocks)
                 except (TypeError, ValueError) as e: raise type(e)(f"{w}: {k}_action: {e}") from None
-            else: act = _clean(p[k], self.stats)
+            else: act = clean_text(p[k], self.stats)
             m = action_to_message(act, self.config.keep_thinking)
-            acts.append(_messages([m], f"{w}.{k}", "message", self.stats)[0])
+            acts.append(messages_from_turns([m], f"{w}.{k}", "message", self.stats)[0])
         return None if any(_empty(m) for m in acts) else (prompt, acts)
 
     def _pairs(self, ex:dict, where:str) -> list[tuple]:
@@ -441,7 +270,7 @@ class ComposerDataCollator:
         cfg, where = self.config, _where(b, ex)
         if "turns" not in ex: raise ValueError(f"{where}: has no 'turns'")
         if not isinstance(ex["turns"], list): raise TypeError(f"{where}: turns must be a list of turn dicts, got {type(ex['turns']).__name__}")
-        msgs = _messages(ex["turns"], where, "turn", self.stats)
+        msgs = messages_from_turns(ex["turns"], where, "turn", self.stats)
         turn_of = _trainable(msgs, self.stats)      # indices into `turns` of the messages kept
         msgs = [msgs[j] for j in turn_of]
         if not any(m["role"] == "assistant" for m in msgs):
@@ -547,7 +376,7 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
     for g in groups:
         last = g[-1]
         msgs = list(last["messages"]) + [action_to_message(last.get("action") or last["student_action"])]  # blocks: parsed once, at ingestion
-        _messages(msgs, f"state {last['state_id']!r:.60}", "message")  # every state of the group is a prefix of this one
+        messages_from_turns(msgs, f"state {last['state_id']!r:.60}", "message")  # every state of the group is a prefix of this one
         ex = TraceExample(trace_id=g[0]["state_id"], turns=_turns(msgs), dpo_pairs=[], state_ids=[s["state_id"] for s in g])
         if reward is not None: ex["final_reward"] = reward
         for s in g: where[s["state_id"]] = len(examples)

@@ -379,8 +379,9 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     (run/"summary.json").write_text(json.dumps(summary, indent=2))
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
     say(f"[4/4] trained {cfg.steps} steps in {t_train:.1f}s: " + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(last.get(k))}" for k in chans))
+    tm = summary["timings"]   # print the recorded (rounded) figures, so the line and summary.json agree
     say(f"wrote {run}/: states.jsonl teacher_calls.jsonl pairs.jsonl metrics.jsonl summary.json plots.png model/ "
-        f"(whole run {total:.1f}s: ingest {t_ingest:.1f}s, replay {t_replay:.1f}s, training {t_train:.1f}s)")
+        f"(whole run {tm['total_s']:.1f}s: ingest {tm['ingest_s']:.1f}s, replay {tm['replay_s']:.1f}s, training {tm['train_s']:.1f}s)")
     return summary
 
 def _channel_bar(steps:int):

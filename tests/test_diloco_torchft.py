@@ -1,67 +1,24 @@
 """DiLoCo on the real torchft engine: a lighthouse on 127.0.0.1 and replica groups (one process each, ProcessGroupGloo,
 own TCPStore) training the tiny LM with `make_diloco_outer_loop`. One replica is killed mid-run and the other keeps
 committing; a new replica with different initial weights heals from its peer and rejoins. Everything started is stopped."""
-import json, os, signal, socket, subprocess, sys, time
+import os, signal, sys, time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torchft")
-REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).parent))
+from torchft_helpers import LIGHTHOUSE, REPO, events, free_port, start, start_lighthouse, stop, syncs, wait_for  # noqa: E402
+
 WORKER = Path(__file__).with_name("diloco_torchft_worker.py")
-LIGHTHOUSE = Path(sys.executable).with_name("torchft_lighthouse")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
-def start(cmd, log, env=None):
-    "Start a process in its own process group (so it and its children can be stopped together)."
-    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO, start_new_session=True)
-
-
-def stop(p, sig=signal.SIGTERM):
-    if p.poll() is None:
-        try: os.killpg(p.pid, sig)
-        except ProcessLookupError: return
-        try: p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL); p.wait(10)
-
-
-def events(path: Path) -> list[dict]:
-    if not path.exists(): return []
-    out = []
-    for line in path.read_text().splitlines():
-        try: out.append(json.loads(line))
-        except json.JSONDecodeError: pass  # a line being written
-    return out
-
-
-def wait_for(pred, what: str, timeout: float, procs=(), logs=()):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred(): return
-        for p in procs:
-            if p.poll() is not None: raise AssertionError(f"a process exited with {p.returncode} while waiting for {what}:\n" + "\n".join(Path(l).read_text()[-3000:] for l in logs))
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}:\n" + "\n".join(Path(l).read_text()[-3000:] for l in logs))
-
-
-def syncs(path, **match):
-    return [e for e in events(path) if e["event"] == "sync" and all(e.get(k) == v for k, v in match.items())]
 
 
 @pytest.mark.skipif(not LIGHTHOUSE.exists(), reason="torchft_lighthouse binary not found next to the interpreter")
 def test_torchft_diloco_kill_and_heal(tmp_path):
-    lh_port = free_port()
     procs, logs = [], []
     def log(name):
         p = tmp_path / f"{name}.log"; logs.append(p); return open(p, "w")
-    lighthouse = start([str(LIGHTHOUSE), "--min_replicas", "1", "--bind", f"127.0.0.1:{lh_port}",
-                        "--join_timeout_ms", "60000", "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "50"], log("lighthouse"))
+    lighthouse, lh_port = start_lighthouse(log("lighthouse"))
     procs.append(lighthouse)
     def replica(name, seed):
         env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lh_port}", "MASTER_ADDR": "127.0.0.1",

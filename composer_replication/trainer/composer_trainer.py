@@ -9,13 +9,16 @@ import copy
 import itertools
 import json
 import os
+import warnings
 from collections import defaultdict
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import torch
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 
+from ..diloco import check_diloco_options, check_manager, make_diloco_outer_loop
 from ..distillation.taid import TAIDScheduler
 from ..loss import (
     LOSS_OPTIONS, REPLAY_CRITERIA, LossConfig, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
@@ -101,20 +104,158 @@ def _resume_taid(trainer, resume_from_checkpoint):
         trainer._taid_t()  # make the scheduler if the wrapper needs one
         with open(path) as f: trainer.taid_scheduler.load_state_dict(json.load(f))
 
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #c31b1212
+_DILOCO_FILE = "diloco_state.pt"
+_HEAL_KEY = "composer_trainer"  # the trainer's state in a torchft heal (the fragments' state has DiLoCo's own keys)
+
+def _diloco_settings(diloco, where) -> dict|None:
+    "The checked `diloco=` argument, {'manager', 'model_fragments', 'options'}; None means no outer loop."
+    if diloco is None: return None
+    if not isinstance(diloco, Mapping):
+        raise TypeError(f"{where}: diloco must be a dict of make_diloco_outer_loop's keyword arguments with its 'manager', or None, "
+                        f"got {type(diloco).__name__}")
+    d = dict(diloco)
+    if "inner_optimizer" in d: raise ValueError(f"{where}: diloco must not set 'inner_optimizer': the trainer's optimizer is DiLoCo's inner optimizer")
+    if "manager" not in d: raise ValueError(f"{where}: diloco needs a 'manager' (a torchft Manager with use_async_quorum=False, or a MockManager)")
+    try: manager = check_manager(d.pop("manager"))
+    except (TypeError, ValueError) as e: raise type(e)(f"{where}: diloco['manager']: {e}") from None
+    frags = d.pop("model_fragments", None)
+    if frags is not None and (not isinstance(frags, (list, tuple)) or not frags):
+        raise TypeError(f"{where}: diloco['model_fragments'] must be a non-empty list of submodules or their names, got {frags!r}")
+    try: options = check_diloco_options(d, n_fragments=len(frags) if frags else 1)
+    except (TypeError, ValueError) as e: raise type(e)(f"{where}: diloco: {e}") from None
+    return {"manager": manager, "model_fragments": frags, "options": options}
+
+def _resolve_fragments(model, frags, where) -> list:
+    "`[model]`, or the named / given submodules, which must hold every trainable parameter (a left-out one would never sync)."
+    if frags is None: return [model]
+    out = []
+    for i, f in enumerate(frags):
+        if isinstance(f, str):
+            try: f = model.get_submodule(f)
+            except AttributeError: raise ValueError(f"{where}: diloco['model_fragments'][{i}]: the model has no submodule {f!r}") from None
+        if not isinstance(f, torch.nn.Module): raise TypeError(f"{where}: diloco['model_fragments'][{i}] must be a submodule or its name, got {type(f).__name__}")
+        out.append(f)
+    owner: dict[int, int] = {}
+    for i, f in enumerate(out):
+        for n, p in f.named_parameters():
+            if owner.setdefault(id(p), i) != i:
+                raise ValueError(f"{where}: diloco['model_fragments'][{owner[id(p)]}] and [{i}] share parameter {n!r}: fragments must be disjoint")
+    covered = set(owner)
+    left = [n for n, p in model.named_parameters() if p.requires_grad and id(p) not in covered]
+    if left: raise ValueError(f"{where}: diloco['model_fragments'] leave {len(left)} trainable parameter(s) out (e.g. {left[:3]}): they would never sync")
+    return out
+
+def _unwrap_optimizer(opt):
+    "The torch optimizer under accelerate's `AcceleratedOptimizer` wrapper(s)."
+    while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer): opt = opt.optimizer
+    return opt
+
+class _DiLoCoCallback(TrainerCallback):
+    "Build/enter the outer loop when training begins, leave it when training ends, save its state into every checkpoint."
+    def __init__(self, trainer): self.trainer = trainer
+    def on_train_begin(self, args, state, control, **kw): self.trainer._diloco_begin()
+    def on_train_end(self, args, state, control, **kw): self.trainer._diloco_end()
+    def on_save(self, args, state, control, **kw):
+        self.trainer._diloco_save(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
+
+class _DiLoCoMixin:
+    "What both trainers share for DiLoCo: the outer loop around the inner optimizer, its checkpoints, its healing state."
+    def _init_diloco(self, settings, where):
+        self._diloco_settings, self.diloco, self._diloco_entered, self._diloco_resume = settings, None, False, None
+        if settings is None: return
+        self._diloco_fragments = _resolve_fragments(self.model, settings["model_fragments"], where)
+        self.add_callback(_DiLoCoCallback(self))
+
+    @property
+    def diloco_manager(self):
+        "The manager DiLoCo runs on (None without `diloco=`)."
+        return None if self._diloco_settings is None else self._diloco_settings["manager"]
+
+    def _diloco_begin(self):
+        s = self._diloco_settings
+        opt = _unwrap_optimizer(self.optimizer)
+        if self.diloco is None:
+            self.diloco = make_diloco_outer_loop(s["manager"], self._diloco_fragments, opt, **s["options"])
+            s["manager"].register_state_dict_fn(_HEAL_KEY, self._heal_load, self._heal_state)
+        elif self.diloco._local_optimizer is not opt:
+            raise RuntimeError("the trainer's optimizer changed between train() calls: DiLoCo's hooks and outer state belong to the first one")
+        if self._diloco_resume: self._diloco_load(self._diloco_resume)
+        self.diloco.__enter__(); self._diloco_entered = True
+
+    def _diloco_end(self):
+        if self._diloco_entered: self.diloco.__exit__(None, None, None); self._diloco_entered = False
+
+    def _heal_state(self) -> dict:
+        "What a peer copies when it heals from this replica (torchft): the model and the inner optimizer."
+        return {"model": self.model.state_dict(), "optimizer": _unwrap_optimizer(self.optimizer).state_dict()}
+
+    def _heal_load(self, sd:dict):
+        self.model.load_state_dict(sd["model"]); _unwrap_optimizer(self.optimizer).load_state_dict(sd["optimizer"])
+
+    def _diloco_state(self) -> dict:
+        m = self.diloco_manager
+        st = {"format": 1, "local_step": self.diloco._local_step, "manager_step": int(m.current_step()),
+              "fragments": [{"outer_optimizer": f._outer_optimizer.state_dict(),
+                             "original_parameters": {n: t.detach().clone() for n, t in f.original_parameters.items()}}
+                            for f in self.diloco._fragments]}
+        if callable(getattr(m, "state_dict", None)): st["manager"] = dict(m.state_dict())  # torchft: step, batches_committed
+        store = getattr(m, "store", None)
+        if store is not None and hasattr(store, "round_id"): st["store_round"] = int(store.round_id)  # MockManager's rendezvous
+        return st
+
+    def _diloco_save(self, ckpt_dir:str):
+        if self.diloco is None: return
+        os.makedirs(ckpt_dir, exist_ok=True)
+        path = os.path.join(ckpt_dir, _DILOCO_FILE); tmp = path + ".tmp"
+        torch.save(self._diloco_state(), tmp); os.replace(tmp, path)
+
+    def _diloco_load(self, ckpt_dir:str):
+        path = os.path.join(ckpt_dir, _DILOCO_FILE)
+        if not os.path.exists(path):
+            warnings.warn(f"{ckpt_dir} has no {_DILOCO_FILE} (saved without DiLoCo?): the outer loop starts from the checkpoint's weights")
+            return
+        st = torch.load(path, weights_only=True, map_location="cpu")
+        frags = self.diloco._fragments
+        if st.get("format") != 1 or len(st["fragments"]) != len(frags):
+            raise ValueError(f"{path} holds {len(st.get('fragments', []))} fragment(s) (format {st.get('format')!r}); this run has {len(frags)}")
+        for k, (f, s) in enumerate(zip(frags, st["fragments"])):
+            if set(s["original_parameters"]) != set(f.original_parameters):
+                raise ValueError(f"{path}: fragment {k}'s parameters differ from the model's (another model?)")
+            for n, t in s["original_parameters"].items(): f.original_parameters[n].copy_(t)
+            f._outer_optimizer.load_state_dict(s["outer_optimizer"])
+        self.diloco._local_step = int(st["local_step"])
+        m = self.diloco_manager
+        if "manager" in st and callable(getattr(m, "load_state_dict", None)): m.load_state_dict(st["manager"])
+        elif hasattr(m, "_step"): m._step = int(st["manager_step"])
+        store = getattr(m, "store", None)
+        if "store_round" in st and store is not None and hasattr(store, "_round_counter"): store._round_counter = int(st["store_round"])
+
+    def _train_with_diloco(self, train, resume_from_checkpoint, **kwargs):
+        "Run `train` with the checkpoint to resume DiLoCo from; leave the outer loop even if training fails."
+        ckpt = resume_from_checkpoint
+        if ckpt is True: ckpt = get_last_checkpoint(self.args.output_dir)
+        self._diloco_resume = ckpt or None
+        try: return train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        finally: self._diloco_end(); self._diloco_resume = None
+
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #535a8236
-class ComposerOfflineTrainer(_ChannelMixin, Trainer):
+class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
     "Three-channel training without a reward function: LM cross-entropy + α·SDPO + β·trace-replay, via `compose_loss`."
     def __init__(self, model=None, args=None, *more,
                  loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options below)
                  ref_model=None, # frozen DPO reference (default: a frozen copy of `model`)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
+                 diloco:Mapping[str, Any]|None=None, # make_diloco_outer_loop's keyword arguments and its 'manager': train under DiLoCo
                  **kwargs): # Trainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ... (LossConfig's fields)
         config = _check_trainer_config(_trainer_loss_config(loss_config, kwargs, "ComposerOfflineTrainer"), "ComposerOfflineTrainer")
+        dl = _diloco_settings(diloco, "ComposerOfflineTrainer")
         if args is not None: args.remove_unused_columns = False
         super().__init__(model, args, *more, **kwargs)
         self.model_accepts_loss_kwargs = False  # our loss is a per-micro-batch mean: let Trainer divide by GA
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.add_callback(_TAIDCallback(self))
+        self._init_diloco(dl, "ComposerOfflineTrainer")
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         "`compose_loss` on the batch; records each channel for logging."
@@ -129,12 +270,13 @@ class ComposerOfflineTrainer(_ChannelMixin, Trainer):
         if self._channel_metrics and "loss" in logs:
             logs = {**logs, **{k: sum(v)/len(v) for k, v in self._channel_metrics.items()}}
             self._channel_metrics.clear()
+            if self.diloco_manager is not None: logs["diloco/outer_step"] = self.diloco_manager.current_step()
         return super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        "Train (resuming the TAID scheduler with the trainer state)."
+        "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."
         _resume_taid(self, resume_from_checkpoint)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        return self._train_with_diloco(super().train, resume_from_checkpoint, **kwargs)
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #cfda19a3
 try:
@@ -143,7 +285,7 @@ try:
 except ImportError:  # the class still imports; building one says what to install
     _GRPOBase, _TRL_AVAILABLE = object, False
 
-class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
+class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
     "TRL `GRPOTrainer` whose loss is GRPO + α·SDPO + β·trace-replay DPO, the trace channels fed by a side iterator."
     def __init__(self, *args,
                  loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options)
@@ -152,6 +294,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
                  trace_batch_size:int=2, # traces per micro-batch
                  ref_model=None, # frozen DPO reference (default: a frozen copy of the model)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
+                 diloco:Mapping[str, Any]|None=None, # make_diloco_outer_loop's keyword arguments and its 'manager': train under DiLoCo
                  **kwargs): # GRPOTrainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ...
         if not _TRL_AVAILABLE: raise ImportError("ComposerReplicationTrainer needs trl: pip install composer-replication[trl]")
         where = "ComposerReplicationTrainer"
@@ -162,6 +305,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
         if trace_dataset is not None and data_collator is None:
             raise ValueError("trace_dataset needs data_collator=ComposerDataCollator(tokenizer, config) to collate trace batches")
         if trace_batch_size < 1: raise ValueError(f"trace_batch_size must be >= 1, got {trace_batch_size}")
+        dl = _diloco_settings(diloco, where)
         super().__init__(*args, **kwargs)
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.trace_collator, self.trace_batch_size = data_collator, trace_batch_size
@@ -169,6 +313,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
         self.trace_dataset = list(trace_dataset)[rank::world] if trace_dataset is not None else None
         self._trace_iter = None
         self.add_callback(_TAIDCallback(self))
+        self._init_diloco(dl, where)
 
     def _next_trace_batch(self) -> dict|None:
         "The next collated trace batch from the side iterator (cycled, seeded), on the model's device."
@@ -215,6 +360,6 @@ class ComposerReplicationTrainer(_ChannelMixin, _GRPOBase):
         return loss + (self.alpha_sdpo * sdpo + self.beta_replay * replay) / ga
 
     def train(self, resume_from_checkpoint=None, **kwargs):
-        "Train (resuming the TAID scheduler with the trainer state)."
+        "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."
         _resume_taid(self, resume_from_checkpoint)
-        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+        return self._train_with_diloco(super().train, resume_from_checkpoint, **kwargs)

@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import json
 import os
+import sys
 import time
 from typing import Any, Mapping
 
@@ -19,7 +20,8 @@ from .. import make_diloco_outer_loop
 from .allreduce import MockManager, ObjectStoreAllReduce
 
 # %% auto #0
-__all__ = ['main', 'train_tiny_replica', 'cli']
+__all__ = ['REPLICA_SPEC_FIELDS', 'main', 'train_tiny_replica', 'check_replica_spec', 'build_replica_trainer',
+           'train_composer_replica', 'replica_spec_from_recipe', 'torchft_manager', 'run_torchft_replica', 'cli']
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #c2d72ca3
 _RESERVED = ("manager", "rank", "world_size")  # keyword arguments main() supplies itself
@@ -112,9 +114,274 @@ def train_tiny_replica(manager:Any=None, # MockManager / torchft Manager (None o
         return out
     finally: torch.set_num_threads(prev_threads)
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #5ca587d2
+REPLICA_SPEC_FIELDS = ("model", "model_seed", "train_layers", "session", "states", "pairs", "examples", "shard", "loss_config", "collator",
+                       "training_args", "diloco", "resume_from_checkpoint", "status_file", "num_threads")
+_TRAINING_DEFAULTS = dict(per_device_train_batch_size=1, max_steps=10, learning_rate=1e-3, logging_steps=1, report_to=[],
+                          save_strategy="no", seed=0, data_seed=0, disable_tqdm=True, lr_scheduler_type="constant")
+
+def _sample_session() -> str:
+    import importlib.resources
+    return str(importlib.resources.files("composer_replication") / "assets/sample_session/demo-calc-fix.jsonl")
+
+def check_replica_spec(spec:Mapping[str, Any], # the replica spec (fields: REPLICA_SPEC_FIELDS)
+                      ) -> dict[str, Any]: # the spec with defaults filled in
+    "Check a replica spec's fields and types (values are checked again by the classes they build); fill in the defaults."
+    if not isinstance(spec, Mapping): raise TypeError(f"spec must be a dict with fields {list(REPLICA_SPEC_FIELDS)}, got {type(spec).__name__}")
+    bad = sorted(set(spec) - set(REPLICA_SPEC_FIELDS))
+    if bad: raise ValueError(f"spec: unknown field(s) {bad}; the fields are {list(REPLICA_SPEC_FIELDS)}")
+    s = {"model": "tiny", "model_seed": 0, "train_layers": None, "session": None, "states": None, "pairs": None, "examples": "conversation", "shard": True,
+         "loss_config": {}, "collator": {}, "training_args": {}, "diloco": {}, "resume_from_checkpoint": None, "status_file": None,
+         "num_threads": 1, **spec}
+    for k in ("model", "session", "states", "status_file"):
+        if s[k] is not None and not isinstance(s[k], (str, os.PathLike)): raise TypeError(f"spec['{k}'] must be a path or name string, got {type(s[k]).__name__}")
+    if s["session"] is not None and s["states"] is not None: raise ValueError("spec: give 'session' or 'states', not both")
+    for k in ("loss_config", "collator", "training_args"):
+        if not isinstance(s[k], Mapping): raise TypeError(f"spec['{k}'] must be a dict, got {type(s[k]).__name__}")
+    if s["diloco"] is not None and not isinstance(s["diloco"], Mapping): raise TypeError(f"spec['diloco'] must be a dict of DiLoCo options or None, got {type(s['diloco']).__name__}")
+    if s["diloco"] is not None and "manager" in s["diloco"]: raise ValueError("spec['diloco'] must not hold a 'manager': the replica's manager is an argument")
+    if s["examples"] not in ("conversation", "turn"): raise ValueError(f"spec['examples'] must be 'conversation' or 'turn', got {s['examples']!r}")
+    if not isinstance(s["shard"], bool): raise TypeError(f"spec['shard'] must be a bool, got {s['shard']!r}")
+    tl = s["train_layers"]
+    if tl is not None and (isinstance(tl, bool) or not isinstance(tl, int) or tl < 1): raise ValueError(f"spec['train_layers'] must be an int >= 1 or None, got {tl!r}")
+    for k in ("model_seed", "num_threads"):
+        if isinstance(s[k], bool) or not isinstance(s[k], int) or s[k] < 0: raise ValueError(f"spec['{k}'] must be an int >= 0, got {s[k]!r}")
+    p = s["pairs"]
+    if p is not None and not isinstance(p, (str, os.PathLike, list, tuple, Mapping)):
+        raise TypeError(f"spec['pairs'] must be a pairs.jsonl path, a list of DPOPair dicts or {{state index: chosen action}}, got {type(p).__name__}")
+    return s
+
+def _replica_examples(s:dict, rank:int, world_size:int) -> list:
+    "The TraceExamples replica `rank` trains on."
+    from composer_replication.jsonl import read_jsonl
+    from composer_replication.ingestion.core import make_ingester
+    from composer_replication.teacher_replay.pairs import load_pairs
+    from composer_replication.trainer.data_collator import trace_examples_from_states
+    if s["states"] is not None:
+        states, st = read_jsonl(s["states"])
+        if st.bad: print(f"warning: {st.report(str(s['states']))}", file=sys.stderr)
+    else:
+        path = s["session"] or _sample_session()
+        states = list(make_ingester("auto", path=path, fallback="claude-code").ingest(path))
+    if not states: raise ValueError(f"spec: no assistant turns in {s['states'] or s['session'] or 'the sample session'}")
+    p = s["pairs"]
+    if isinstance(p, (str, os.PathLike)): pairs = load_pairs(p)
+    elif isinstance(p, Mapping):  # {state index: the teachers' action}
+        pairs = []
+        for i, chosen in p.items():
+            try: st = states[int(i)]
+            except (ValueError, IndexError): raise ValueError(f"spec['pairs']: {i!r} is not a state index in [0, {len(states)})") from None
+            pairs.append({"state_id": st["state_id"], "state_messages": st["messages"], "chosen": chosen,
+                          "rejected": st["student_action"], "n_teachers_agreeing": 3})
+    else: pairs = list(p or [])
+    if s["examples"] == "turn":
+        by_state: dict[str, list] = {}
+        for q in pairs: by_state.setdefault(q["state_id"], []).append(q)
+        examples = [e for st in states for e in trace_examples_from_states([st], pairs=by_state.get(st["state_id"], []))]
+    else: examples = trace_examples_from_states(states, pairs=pairs)
+    if s["shard"]:
+        n, examples = len(examples), examples[rank::world_size]
+        if not examples: raise ValueError(f"spec: {n} example(s) cannot be sharded over {world_size} replicas: "
+                                          "use examples='turn', more sessions, or shard=False")
+    return examples
+
+def build_replica_trainer(spec:Mapping[str, Any], # a replica spec (see `check_replica_spec`)
+                          manager:Any=None, # the DiLoCo manager (MockManager / torchft Manager); None with spec['diloco'] None
+                          rank:int=0, # this replica's rank: its data shard and output folder
+                          world_size:int=1, # number of replicas
+                          *,
+                          callbacks:list|None=None, # extra TrainerCallbacks
+                         ):
+    "Build the `ComposerOfflineTrainer` a replica spec describes, under DiLoCo on `manager`."
+    from transformers import TrainingArguments
+    from composer_replication.hint_generator import dispatch
+    from composer_replication.loss import LossConfig
+    from composer_replication.models import load_student
+    from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
+    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+    s = check_replica_spec(spec)
+    if s["diloco"] is not None and manager is None: raise ValueError("manager is required when spec['diloco'] is set (None trains without DiLoCo)")
+    loss = LossConfig.from_dict(s["loss_config"])
+    bad = sorted(set(s["collator"]) - {f for f in CollatorConfig.__dataclass_fields__ if f != "hint_generator"})
+    if bad: raise ValueError(f"spec['collator']: unknown field(s) {bad}")
+    ta = {**_TRAINING_DEFAULTS, "use_cpu": not torch.cuda.is_available(), **s["training_args"]}
+    import tempfile
+    ta["output_dir"] = os.path.join(ta.get("output_dir") or tempfile.mkdtemp(prefix="composer-replica-"), f"replica-{rank}")
+    try: args = TrainingArguments(**ta)
+    except TypeError as e: raise ValueError(f"spec['training_args']: {e}") from None
+    examples = _replica_examples(s, rank, world_size)  # everything checked before the model is loaded
+    if s["model"] == "tiny":
+        from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
+        model, tok = tiny_causal_lm(seed=s["model_seed"]), tiny_tokenizer()
+    else: model, tok = load_student(s["model"])
+    from composer_replication.recipe import train_top_layers
+    train_top_layers(model, s["train_layers"])   # None: every parameter trains
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    collator = ComposerDataCollator(tok, CollatorConfig(**{"pad_token_id": pad, "hint_generator": dispatch, **s["collator"]}))
+    diloco = None if s["diloco"] is None else {**s["diloco"], "manager": manager}
+    tr = ComposerOfflineTrainer(model, args, train_dataset=examples, data_collator=collator, loss_config=loss, diloco=diloco,
+                                callbacks=list(callbacks or []))
+    return tr
+
+def _status_callback(trainer, status_file, rank):
+    "A TrainerCallback appending one JSON line per logged step and per sync to `status_file`; also kept in `.events`."
+    from transformers import TrainerCallback
+    class _Status(TrainerCallback):
+        def __init__(self):
+            self.events, self._f, self._last_mstep = [], open(status_file, "a", buffering=1) if status_file else None, None
+        def _emit(self, e):
+            e = {**e, "rank": rank, "t": time.time()}; self.events.append(e)
+            if self._f: self._f.write(json.dumps(e) + "\n")
+        def on_train_begin(self, args, state, control, **kw):
+            self._emit({"event": "started", "step": state.global_step, "digest": _weights_digest(trainer.model)})
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "composer/total" in logs:
+                self._emit({"event": "step", "step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}})
+        def on_step_end(self, args, state, control, **kw):
+            m, dl = trainer.diloco_manager, trainer.diloco
+            if dl is None or dl._local_step != 0: return
+            ms = int(m.current_step())
+            n = m.num_participants() if callable(getattr(m, "num_participants", None)) else 1
+            self._emit({"event": "sync", "step": state.global_step, "manager_step": ms, "participants": int(n),
+                        "committed": self._last_mstep is None or ms > self._last_mstep, "digest": _weights_digest(trainer.model)})
+            self._last_mstep = ms
+        def close(self):
+            if self._f: self._f.close(); self._f = None
+    return _Status()
+
+def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torchft Manager; None only with spec['diloco'] None
+                           rank:int=0, # this replica's rank: selects its data shard
+                           world_size:int=1, # number of replicas
+                           *,
+                           spec:Mapping[str, Any]|None=None, # the replica spec (see the table above); None => all defaults
+                           return_params:bool=False, # also return the final weights ({name: tensor})
+                          ) -> dict[str, Any]:
+    "Train three channels with `ComposerOfflineTrainer` under DiLoCo as a replica spec says; return losses, syncs, digests, bytes."
+    s = check_replica_spec(spec or {})
+    prev = torch.get_num_threads()
+    if s["num_threads"]: torch.set_num_threads(s["num_threads"])
+    try:
+        tr = build_replica_trainer(s, manager, rank, world_size)
+        from transformers.trainer_callback import PrinterCallback
+        tr.remove_callback(PrinterCallback)
+        status = _status_callback(tr, s["status_file"], rank); tr.add_callback(status)
+        t0 = time.perf_counter()
+        try: tr.train(resume_from_checkpoint=s["resume_from_checkpoint"])
+        finally: status.close()
+        train_s = time.perf_counter() - t0
+        steps = [e for e in status.events if e["event"] == "step"]
+        syncs = [e for e in status.events if e["event"] == "sync"]
+        chans = sorted({k for e in steps for k in e if k.startswith("composer/")})
+        out = {"rank": rank, "world_size": world_size, "steps": [e["step"] for e in steps], "losses": [e["composer/total"] for e in steps], "step_t": [e["t"] for e in steps],
+               "channels": {k.split("/", 1)[1]: [e.get(k) for e in steps] for k in chans},
+               "sync_steps": [e["step"] for e in syncs], "sync_digests": [e["digest"] for e in syncs],
+               "final_digest": _weights_digest(tr.model), "global_step": tr.state.global_step, "train_s": train_s,
+               "n_params": sum(p.numel() for p in tr.model.parameters()), "n_examples": len(tr.train_dataset),
+               "manager_step": int(manager.current_step()) if manager is not None else 0}
+        store = getattr(manager, "store", None)
+        if store is not None: out.update(bytes_written=store.bytes_written, bytes_read=store.bytes_read, rounds=store.round_id)
+        if return_params: out["params"] = {n: p.detach().cpu().clone() for n, p in tr.model.named_parameters()}
+        return out
+    finally: torch.set_num_threads(prev)
+
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #c8293e98
+def replica_spec_from_recipe(recipe:Any, # a `composer_replication.recipe.Recipe`, or the path of a recipe YAML (relative paths read from its folder)
+                            ) -> dict[str, Any]: # the replica spec of its training; launch `recipe.diloco.world_size` replicas of it
+    "The replica spec of an offline recipe: its model, data, loss, collator and training arguments, and its `diloco` section as the outer loop's options."
+    from composer_replication.recipe import Recipe, load_recipe
+    r = load_recipe(recipe) if isinstance(recipe, (str, os.PathLike)) else recipe
+    if not isinstance(r, Recipe): raise TypeError(f"recipe must be a Recipe or a recipe file's path, got {type(recipe).__name__}")
+    if r.mode != "offline": raise ValueError(f"recipe mode: replicas train offline recipes (LM-CE + SDPO + DPO), got mode {r.mode!r}")
+    if r.data.states is None: raise ValueError("recipe data.states: a replica trains on a states JSONL; the recipe names none")
+    if r.collator["hint_generator"] != "dispatch":
+        raise ValueError(f"recipe collator.hint_generator: replicas use the built-in dispatch hint generator, got {r.collator['hint_generator']!r}")
+    col = {k: v for k, v in r.collator.items() if k not in ("hint_generator", "pad_token_id")}
+    if r.collator["pad_token_id"] is not None: col["pad_token_id"] = r.collator["pad_token_id"]
+    col["sdpo_targets"] = tuple(col["sdpo_targets"])
+    ta = {k: v for k, v in r.training.items() if k != "report_to"} | {"output_dir": r.output_dir, "seed": r.seed,
+                                                                     "report_to": [] if r.training.get("report_to") in (None, "none") else r.training["report_to"]}
+    d = r.diloco
+    return {"model": r.model, "model_seed": r.seed, "train_layers": r.train_layers, "states": r.data.states, "pairs": r.data.pairs,
+            "loss_config": r.loss.to_dict(), "collator": col, "training_args": ta,
+            "diloco": {"sync_every": d.sync_every, "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "nesterov": d.nesterov} if d.enabled else None}
+
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #6b013cc5
+def _torchft_loopback():
+    "Make torchft's manager server and HTTP checkpoint server bind and advertise 127.0.0.1 (process-wide, idempotent)."
+    import torchft.checkpointing.http_transport as ht
+    import torchft.manager as tm
+    from http.server import ThreadingHTTPServer
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if getattr(tm, "_composer_loopback", False): return
+    class _LoopbackHTTPServer(ThreadingHTTPServer):
+        request_queue_size = 1024
+        def __init__(self, _addr, handler): super().__init__(("127.0.0.1", 0), handler)
+    ht._IPv6HTTPServer = _LoopbackHTTPServer
+    orig = tm.ManagerServer
+    def _manager_server(*args, bind, **kwargs): return orig(*args, bind=bind.replace("[::]", "127.0.0.1"), **kwargs)
+    tm.ManagerServer, tm._composer_loopback = _manager_server, True
+
+def torchft_manager(replica_id:str, # this replica group's id in the quorum
+                    *,
+                    lighthouse:str|None=None, # lighthouse URL (None => $TORCHFT_LIGHTHOUSE)
+                    store_port:int|None=None, # port of this group's own TCPStore (None => $MASTER_PORT)
+                    loopback:bool=True, # bind and advertise 127.0.0.1 only (see above)
+                    timeout_s:float=10.0, # collectives, commits, checkpoint transfers
+                    quorum_timeout_s:float=60.0, # waiting for a quorum
+                    min_replica_size:int=1, # the fewest replica groups a step may commit with
+                    init_sync:bool=True, # at step 0, copy the weights from one group (False: the groups start from identical seeds)
+                   ):
+    "A torchft `Manager` for a one-process replica group (own TCPStore, gloo, synchronous quorum), ready for `make_diloco_outer_loop`."
+    from datetime import timedelta
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+    lighthouse = lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
+    if not lighthouse: raise ValueError("lighthouse is not set: pass lighthouse='http://host:port' or set $TORCHFT_LIGHTHOUSE")
+    port = store_port if store_port is not None else os.environ.get("MASTER_PORT")
+    if port is None: raise ValueError("store_port is not set: pass store_port= or set $MASTER_PORT (this replica group's own TCPStore)")
+    if not isinstance(replica_id, str) or not replica_id: raise ValueError(f"replica_id must be a non-empty string, got {replica_id!r}")
+    if loopback: _torchft_loopback()
+    host = "127.0.0.1" if loopback else os.environ.get("MASTER_ADDR", "127.0.0.1")
+    store = TCPStore(host, int(port), is_master=True, wait_for_workers=False)
+    t = timedelta(seconds=timeout_s)
+    kw = {}
+    if loopback:
+        import torchft.checkpointing.http_transport as ht
+        class _Transport(ht.HTTPTransport):
+            def address(self) -> str: return f"http://127.0.0.1:{self._server.socket.getsockname()[1]}/checkpoint/"
+        kw["checkpoint_transport"] = _Transport(timeout=t, num_chunks=0)
+    m = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=max(5.0, timeout_s / 2))), load_state_dict=None, state_dict=None,
+                min_replica_size=min_replica_size, use_async_quorum=False, replica_id=replica_id, rank=0, world_size=1,
+                store_addr=host, store_port=int(port), lighthouse_addr=lighthouse, hostname=host if loopback else _hostname(),
+                timeout=t, quorum_timeout=timedelta(seconds=quorum_timeout_s), connect_timeout=t, init_sync=init_sync, **kw)
+    m._composer_store = store  # keep this group's store alive as long as its manager
+    return m
+
+def _hostname() -> str:
+    import socket
+    return socket.gethostname()
+
+def run_torchft_replica(spec:Mapping[str, Any]|None=None, # the replica spec (its 'diloco' options; the manager is made here)
+                        *,
+                        replica_id:str, # this replica group's id
+                        rank:int=0, # this group's data shard (with spec['shard']): examples[rank::world_size]
+                        world_size:int=1, # number of data shards
+                        status_file:str|None=None, # overrides spec['status_file']
+                        **manager_kwargs, # for `torchft_manager`: lighthouse=, store_port=, loopback=, timeout_s=, ...
+                       ) -> dict[str, Any]:
+    "Train one torchft replica group: its manager from the lighthouse, then `train_composer_replica` on it."
+    s = check_replica_spec({**(spec or {}), **({"status_file": status_file} if status_file else {})})
+    if s["diloco"] is None: raise ValueError("spec['diloco'] is None: a torchft replica group trains under DiLoCo")
+    m = torchft_manager(replica_id, **manager_kwargs)
+    try: return {**train_composer_replica(m, rank, world_size, spec=s), "replica_id": replica_id}
+    finally: m.shutdown(wait=False)
+
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #61ab7915
 def cli(argv:list[str]|None=None) -> int:
-    "Command-line front end of `main` (`python -m composer_replication.diloco.serverless.replica_entrypoint --help`)."
+    "Command-line front end of `main` (`python -m composer_replication.diloco.serverless.replica_entrypoint --help`); `torchft ...` runs `run_torchft_replica`."
+    import sys
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["torchft"]: return _torchft_cli(argv[1:])
     p = argparse.ArgumentParser(prog="python -m composer_replication.diloco.serverless.replica_entrypoint",
                                 description="Run one serverless DiLoCo replica; its rank comes from $REPLICA_RANK.")
     p.add_argument("--rendezvous", required=True, help="fsspec URI or path where the replicas meet (s3://, gs://, az://, hf://, file://, path)")
@@ -133,6 +400,25 @@ def cli(argv:list[str]|None=None) -> int:
     try: text = json.dumps(result)
     except (TypeError, ValueError): text = json.dumps({"result_type": type(result).__name__})
     print(text[:100_000])
+    return 0
+
+def _torchft_cli(argv:list[str]) -> int:
+    "`torchft` subcommand: one torchft replica group training a replica spec."
+    p = argparse.ArgumentParser(prog="python -m composer_replication.diloco.serverless.replica_entrypoint torchft",
+                                description="Run one torchft replica group ($TORCHFT_LIGHTHOUSE, $MASTER_PORT) training a replica spec.")
+    p.add_argument("--replica-id", required=True, help="this replica group's id")
+    p.add_argument("--spec-json", default="{}", help="JSON object: the replica spec")
+    p.add_argument("--status-file", default=None, help="append one JSON line per logged step and per sync")
+    p.add_argument("--rank", type=int, default=0, help="data shard of this group"); p.add_argument("--world-size", type=int, default=1, help="number of data shards")
+    p.add_argument("--no-loopback", action="store_true", help="let torchft bind every interface (a real cluster)")
+    p.add_argument("--no-init-sync", action="store_true", help="do not copy weights at step 0 (every group starts from the same seed)")
+    a = p.parse_args(argv)
+    try: spec = json.loads(a.spec_json)
+    except json.JSONDecodeError as e: p.error(f"--spec-json is not valid JSON: {e}")
+    if not isinstance(spec, dict): p.error(f"--spec-json must be a JSON object, got {a.spec_json!r}")
+    r = run_torchft_replica(spec, replica_id=a.replica_id, rank=a.rank, world_size=a.world_size, status_file=a.status_file,
+                            loopback=not a.no_loopback, init_sync=not a.no_init_sync)
+    print(json.dumps(r)[:100_000])
     return 0
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #73d96686

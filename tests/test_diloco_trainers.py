@@ -9,7 +9,7 @@ across processes, which no notebook cell can host:
 * under a real torchft Lighthouse with two replica groups, the trainer keeps training when one group is killed, and a
   rejoining group with other initial weights heals from its peer.
 Everything started is stopped; servers bind 127.0.0.1 only."""
-import json, os, signal, sys, time
+import json, os, sys
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from composer_replication.diloco.serverless import LocalProcessExecutor, MockMan
 from composer_replication.diloco.serverless.replica_entrypoint import train_composer_replica
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torchft_helpers import LIGHTHOUSE, REPO, events, free_port, start, start_lighthouse, stop, syncs, wait_for  # noqa: E402
+from torchft_helpers import LIGHTHOUSE, REPO, free_port, kill_and_heal, start  # noqa: E402
 
 ENTRY = "composer_replication.diloco.serverless.replica_entrypoint"
 FIXES = {"2": '[TOOL_USE] name=Edit input={"file_path": "/home/user/calc/calc/core.py", "new_string": "    return a + b", "old_string": "    return a - b"}',
@@ -102,46 +102,14 @@ def test_resume_restores_outer_state_manager_step_and_store_round(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not LIGHTHOUSE.exists(), reason="torchft_lighthouse binary not found next to the interpreter")
 def test_torchft_trainer_kill_and_heal(tmp_path):
-    procs, logs = [], []
-    def log(name):
-        p = tmp_path / f"{name}.log"; logs.append(p); return open(p, "w")
-    lighthouse, lh_port = start_lighthouse(log("lighthouse"))
-    procs.append(lighthouse)
-    def replica(name, seed):
+    def launch(name, seed, port, log):
         s = spec(tmp_path / "out" / name, sync_every=4, outer_lr=0.7, outer_momentum=0.9)
         s.update(model_seed=seed, shard=False)
-        s["training_args"]["max_steps"] = 100_000  # stopped by the test
-        env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{lh_port}", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(REPO)}
+        s["training_args"]["max_steps"] = 100_000  # stopped by the scenario
+        env = {**os.environ, "TORCHFT_LIGHTHOUSE": f"http://127.0.0.1:{port}", "MASTER_PORT": str(free_port()), "PYTHONPATH": str(REPO)}
         for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"): env.pop(k, None)
-        p = start([sys.executable, "-m", ENTRY, "torchft", "--replica-id", name, "--spec-json", json.dumps(s),
-                   "--status-file", str(tmp_path / f"{name}.jsonl")], log(name), env)
-        procs.append(p); return p
-    try:
-        a, b = replica("a", 0), replica("b", 0)
-        A, B, C = (tmp_path / f"{n}.jsonl" for n in "abc")
-        # 1. both groups commit together, with equal weights after each joint commit
-        wait_for(lambda: len(syncs(A, committed=True, participants=2)) >= 2 and len(syncs(B, committed=True, participants=2)) >= 2,
-                 "two joint commits", 300, [a, b, lighthouse], logs)
-        both = {e["manager_step"]: e["digest"] for e in syncs(A, committed=True, participants=2)}
-        shared = [e for e in syncs(B, committed=True, participants=2) if e["manager_step"] in both]
-        assert shared and all(e["digest"] == both[e["manager_step"]] for e in shared), "replica groups disagree after a joint commit"
-        # 2. kill b mid-run: a keeps training and committing on its own
-        stop(b, signal.SIGKILL); killed_at = time.time()
-        wait_for(lambda: len([e for e in syncs(A, committed=True, participants=1) if e["t"] > killed_at]) >= 2,
-                 "a committing alone after b died", 180, [a, lighthouse], logs)
-        step_alone = max(e["manager_step"] for e in syncs(A, committed=True))
-        # 3. c, with other initial weights, heals from a and rejoins
-        c = replica("c", 1)
-        wait_for(lambda: len(syncs(C, committed=True, participants=2)) >= 2, "c healed and committing with a", 300, [a, c, lighthouse], logs)
-        c_start = next(e for e in events(C) if e["event"] == "started")
-        assert c_start["digest"] != next(e for e in events(A) if e["event"] == "started")["digest"]  # really another init
-        c_syncs = syncs(C, committed=True, participants=2)
-        assert c_syncs[0]["manager_step"] > step_alone, (c_syncs[0], step_alone)  # jumped to a's step: healed, not started from 0
-        a_by_step = {e["manager_step"]: e["digest"] for e in syncs(A, committed=True)}
-        common = [e for e in c_syncs if e["manager_step"] in a_by_step]
-        assert common and all(e["digest"] == a_by_step[e["manager_step"]] for e in common), "c's weights differ from a's after rejoining"
-        losses = [e["composer/total"] for e in events(A) if e["event"] == "step"]
-        assert len(losses) > 8 and all(x == x for x in losses)  # a kept training through the kill and the heal (finite losses)
-    finally:
-        for p in reversed(procs): stop(p)
-    for p in procs: assert p.poll() is not None
+        return start([sys.executable, "-m", ENTRY, "torchft", "--replica-id", name, "--spec-json", json.dumps(s),
+                      "--status-file", str(tmp_path / f"{name}.jsonl")], log, env)
+    a_events = kill_and_heal(tmp_path, launch, timeout=300)
+    losses = [e["composer/total"] for e in a_events if e["event"] == "step"]
+    assert len(losses) > 8 and all(x == x for x in losses)  # a kept training through the kill and the heal (finite losses)

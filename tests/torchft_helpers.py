@@ -57,3 +57,44 @@ def start_lighthouse(log) -> tuple[subprocess.Popen, int]:
     p = start([str(LIGHTHOUSE), "--min_replicas", "1", "--bind", f"127.0.0.1:{port}",
                "--join_timeout_ms", "60000", "--heartbeat_timeout_ms", "2000", "--quorum_tick_ms", "50"], log)
     return p, port
+
+
+def kill_and_heal(tmp_path: Path, launch, timeout: float = 240) -> list[dict]:
+    """The fault-tolerance scenario of the torchft tests, under a Lighthouse on 127.0.0.1:
+    1. replica groups a and b (same initial weights) commit together, with equal weights after each joint commit;
+    2. b is killed (SIGKILL) mid-run and a keeps committing alone;
+    3. c, with other initial weights, heals from a (it jumps to a's step) and commits with it, with a's weights.
+    `launch(name, seed, lighthouse_port, log_file) -> Popen` starts one group writing its events to `tmp_path/<name>.jsonl`.
+    Everything started is stopped; returns a's events."""
+    procs, logs = [], []
+    def log(name):
+        p = tmp_path / f"{name}.log"; logs.append(p); return open(p, "w")
+    lighthouse, port = start_lighthouse(log("lighthouse"))
+    procs.append(lighthouse)
+    def replica(name, seed):
+        p = launch(name, seed, port, log(name)); procs.append(p); return p
+    try:
+        a, b = replica("a", 0), replica("b", 0)
+        A, B, C = (tmp_path / f"{n}.jsonl" for n in "abc")
+        wait_for(lambda: len(syncs(A, committed=True, participants=2)) >= 2 and len(syncs(B, committed=True, participants=2)) >= 2,
+                 "two joint commits", timeout, [a, b, lighthouse], logs)
+        both = {e["manager_step"]: e["digest"] for e in syncs(A, committed=True, participants=2)}
+        shared = [e for e in syncs(B, committed=True, participants=2) if e["manager_step"] in both]
+        assert shared and all(e["digest"] == both[e["manager_step"]] for e in shared), "replica groups disagree after a joint commit"
+        stop(b, signal.SIGKILL); killed_at = time.time()
+        wait_for(lambda: len([e for e in syncs(A, committed=True, participants=1) if e["t"] > killed_at]) >= 2,
+                 "a committing alone after b died", timeout * 0.6, [a, lighthouse], logs)
+        step_alone = max(e["manager_step"] for e in syncs(A, committed=True))
+        c = replica("c", 1)
+        wait_for(lambda: len(syncs(C, committed=True, participants=2)) >= 2, "c healed and committing with a", timeout, [a, c, lighthouse], logs)
+        c_start = next(e for e in events(C) if e["event"] == "started")
+        assert c_start["digest"] != next(e for e in events(A) if e["event"] == "started")["digest"]  # really another init
+        c_syncs = syncs(C, committed=True, participants=2)
+        assert c_syncs[0]["manager_step"] > step_alone, (c_syncs[0], step_alone)  # jumped to a's step: healed, not started from 0
+        a_by_step = {e["manager_step"]: e["digest"] for e in syncs(A, committed=True)}
+        common = [e for e in c_syncs if e["manager_step"] in a_by_step]
+        assert common and all(e["digest"] == a_by_step[e["manager_step"]] for e in common), "c's weights differ from a's after rejoining"
+        return events(A)
+    finally:
+        for p in reversed(procs): stop(p)
+        for p in procs: assert p.poll() is not None

@@ -170,7 +170,7 @@ def measure(impls, device, rounds):
         if params: loss.backward()
         dt, mib = stop(s)
         for p in params: p.grad = None
-        return dt, mib, float(loss)
+        return dt, mib, float(loss.detach())
     for name in impls: first[name] = once(name)
     for _ in range(rounds):
         for name in impls: runs[name].append(once(name))

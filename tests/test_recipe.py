@@ -13,7 +13,7 @@ import math
 import pytest
 
 from composer_replication.cli import main
-from composer_replication.recipe import CHANNELS, load_recipe, recipe_from_demo
+from composer_replication.recipe import CHANNELS, load_recipe
 
 
 def run_cli(*argv):
@@ -23,13 +23,12 @@ def run_cli(*argv):
 
 
 def test_train_config_reproduces_a_demo_run(tmp_path):
-    from composer_replication.demo import DemoConfig, demo_sizes, run_demo
+    from composer_replication.demo import DemoConfig, run_demo
     cfg = DemoConfig(model="tiny", out=str(tmp_path), name="r", steps=2, max_seq_len=640, max_dpo_seq_len=320)
     run_demo(cfg, progress=False)
     run = tmp_path/"r"
     r = load_recipe(run/"recipe.yaml")     # the demo wrote it, beside the run's data
-    test_same = recipe_from_demo(cfg, "r", train_layers=demo_sizes(cfg.model)["train_layers"])
-    assert (r.loss, r.collator["max_seq_len"], r.training["max_steps"]) == (test_same.loss, 640, 2)
+    assert (r.loss, r.collator["max_seq_len"], r.collator["max_dpo_seq_len"], r.training["max_steps"], r.train_layers) == (cfg.loss, 640, 320, 2, None)
     assert (r.data.states, r.data.pairs, r.model) == (str(run/"states.jsonl"), str(run/"pairs.jsonl"), "tiny")
     rc, out, err = run_cli("train", "--config", run/"recipe.yaml", "--quiet")
     assert rc == 0, err

@@ -298,8 +298,7 @@ def replica_spec_from_recipe(recipe:Any, # a `composer_replication.recipe.Recipe
     col = {k: v for k, v in r.collator.items() if k not in ("hint_generator", "pad_token_id")}
     if r.collator["pad_token_id"] is not None: col["pad_token_id"] = r.collator["pad_token_id"]
     col["sdpo_targets"] = tuple(col["sdpo_targets"])
-    ta = {k: v for k, v in r.training.items() if k != "report_to"} | {"output_dir": r.output_dir, "seed": r.seed,
-                                                                     "report_to": [] if r.training.get("report_to") in (None, "none") else r.training["report_to"]}
+    ta = {**r.training, "output_dir": r.output_dir, "seed": r.seed}   # report_to as the recipe says ("none" is TrainingArguments' own)
     d = r.diloco
     return {"model": r.model, "model_seed": r.seed, "train_layers": r.train_layers, "states": r.data.states, "pairs": r.data.pairs,
             "loss_config": r.loss.to_dict(), "collator": col, "training_args": ta,

@@ -22,6 +22,7 @@ class HintContext(TypedDict, total=False):
     tool_name: str
     tool_schema: dict
     intent: str
+    solution: str|None     # a call known to work at this state (the teachers' consensus, or what the agent did later that worked)
 
 # %% ../nbs/13_hint_generator.ipynb #994e7313
 def _tools(ctx:HintContext) -> str:
@@ -32,33 +33,38 @@ def _msg(ctx:HintContext, n:int=200) -> str:
     m = " ".join((ctx.get("error_message") or "").split())
     return f' The error was: "{m[:n]}{"…" if len(m) > n else ""}".' if m else ""
 
+def _solution(ctx:HintContext) -> str:
+    "The solution sentence, after the error: empty when none is known."
+    s = ctx.get("solution")
+    return f" A call that worked here: {s}" if isinstance(s, str) and s.strip() else ""
+
 def hint_tool_not_found(ctx:HintContext) -> str:
     "Hint for a call to a tool that does not exist."
     name = ctx.get("tool_name")
     return (f"Reminder: {'the tool `' + name + '` does not exist' if name else 'that tool does not exist'}; "
-            f"call only tools that are available.{_tools(ctx)}")
+            f"call only tools that are available.{_tools(ctx)}{_solution(ctx)}")
 
 def hint_json_decode(ctx:HintContext) -> str:
     "Hint for tool arguments that were not valid JSON."
     return ("Reminder: tool arguments must be valid JSON: one object, double-quoted keys and strings, "
-            f"escaped newlines and quotes, no trailing commas.{_msg(ctx)}")
+            f"escaped newlines and quotes, no trailing commas.{_msg(ctx)}{_solution(ctx)}")
 
 def hint_type_error(ctx:HintContext) -> str:
     "Hint for arguments that do not match the tool's schema."
     name, schema = ctx.get("tool_name"), ctx.get("tool_schema")
     req = f" Required parameters: {', '.join(schema['required'])}." if schema and schema.get("required") else ""
     return (f"Reminder: the arguments of {'`' + name + '`' if name else 'the tool'} must match its schema: every "
-            f"required parameter present, with the right types.{req}{_msg(ctx)}")
+            f"required parameter present, with the right types.{req}{_msg(ctx)}{_solution(ctx)}")
 
 def hint_runtime_error(ctx:HintContext) -> str:
     "Hint for a call that ran and failed."
     return (f"Reminder: the last {'`' + ctx['tool_name'] + '` ' if ctx.get('tool_name') else ''}call failed.{_msg(ctx)} "
-            "Read the error, check your assumptions (paths, state, preconditions), and fix the cause before retrying.")
+            "Read the error, check your assumptions (paths, state, preconditions), and fix the cause before retrying." + _solution(ctx))
 
 def hint_repeated_failure(ctx:HintContext) -> str:
     "Hint for repeating a call that already failed."
     return (f"Reminder: this exact {'`' + ctx['tool_name'] + '` ' if ctx.get('tool_name') else ''}call already failed. "
-            f"Do not repeat it unchanged; change the approach.{_msg(ctx)}")
+            f"Do not repeat it unchanged; change the approach.{_msg(ctx)}{_solution(ctx)}")
 
 HINT_TEMPLATES: dict[str, Callable[[HintContext], str]] = {
     "tool_not_found": hint_tool_not_found, "json_decode": hint_json_decode, "type_error": hint_type_error,

@@ -20,13 +20,15 @@ from ..hint_generator import classify_error, dispatch
 from ..ingestion.core import action_to_message, as_blocks
 from ..loss import model_sequence_logprobs
 from .messages import (
-    TokenizerLike, TraceTurn, assistant_spans, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
-_all_ = ["TraceTurn", "TokenizerLike", "render_conversation", "assistant_spans", "tokenize_conversation", "messages_from_turns"]
+    TokenizerLike, TraceTurn, assistant_spans, check_tools, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
+from .windows import (
+    SOLUTION_SOURCES, _cut_points, _empty, _fit, _step_points, shared_prompt_sides, solutions, trace_windows)
+_all_ = ["TraceTurn", "TokenizerLike", "render_conversation", "assistant_spans", "tokenize_conversation", "messages_from_turns", "trace_windows"]
 
 # %% auto #0
 __all__ = ['TraceExample', 'CollatorConfig', 'ComposerDataCollator', 'trace_examples_from_states', 'trace_examples_from_session',
            'precompute_ref_logprobs', 'TraceTurn', 'TokenizerLike', 'render_conversation', 'assistant_spans',
-           'tokenize_conversation', 'messages_from_turns']
+           'tokenize_conversation', 'messages_from_turns', 'trace_windows']
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #0de8dadf
 class TraceExample(TypedDict, total=False):
@@ -35,6 +37,8 @@ class TraceExample(TypedDict, total=False):
     turns: list[TraceTurn]
     final_reward: float
     dpo_pairs: list[dict]|None   # `DPOPair`s: state_id, state_messages, chosen, rejected, n_teachers_agreeing
+    tools: list[dict]|None       # OpenAI function schemas the agent could call, rendered through the chat template's `tools=`
+    window: tuple[int, int]      # on a window (`trace_windows`): the range of turn indices of the whole trace it trains
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #7f20acc7
 @dataclass
@@ -52,6 +56,9 @@ class CollatorConfig:
     hint_role: str = "user"        # role of the inserted hint message
     keep_thinking: bool = False    # keep [THINKING] blocks of DPO actions (as <think>...</think>)
     cache_size: int = 4096         # examples whose token rows are memoized by content (0: off)
+    windows: bool = True           # trainers split traces longer than max_seq_len into windows (`trace_windows`); False: one left-cut row each
+    window_context_tokens: int|None = None  # room for earlier steps before a window's first target (None: a quarter of the budget)
+    solution_sources: tuple[str, ...] = SOLUTION_SOURCES  # what a hint may state as the solution: "teachers", "hindsight", both, or ()
 
     def __post_init__(self):
         for k in ("max_seq_len", "max_dpo_seq_len"):
@@ -60,50 +67,26 @@ class CollatorConfig:
         if not isinstance(self.cache_size, int) or self.cache_size < 0: raise ValueError(f"cache_size must be an int >= 0, got {self.cache_size!r}")
         if bad or not self.sdpo_targets: raise ValueError(f"sdpo_targets must be a non-empty subset of ('failed', 'reaction'), got {self.sdpo_targets!r}")
         if self.hint_generator is not None and not callable(self.hint_generator): raise TypeError("hint_generator must be callable")
+        if not isinstance(self.windows, bool): raise TypeError(f"windows must be a bool, got {type(self.windows).__name__}")
+        wc = self.window_context_tokens
+        if wc is not None and (isinstance(wc, bool) or not isinstance(wc, int) or wc < 0): raise ValueError(f"window_context_tokens must be an int >= 0 or None, got {wc!r}")
+        src = self.solution_sources
+        if isinstance(src, str) or not isinstance(src, (tuple, list)) or set(src) - set(SOLUTION_SOURCES):
+            raise ValueError(f"solution_sources must be a subset of {SOLUTION_SOURCES}, got {src!r}")
+        self.solution_sources = tuple(src)
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #afd2dbec
-def _cut_points(messages:list[dict]) -> tuple[int, list[int]]:
-    "(number of leading system messages kept, candidate start indices of the kept tail: user turns, oldest first)."
-    head = 0
-    while head < len(messages) and messages[head]["role"] == "system": head += 1
-    return head, [head] + [i for i in range(head+1, len(messages)) if messages[i]["role"] == "user"]
-
-def _step_points(messages:list[dict]) -> tuple[int, int|None, list[int]]:
-    "(number of leading system messages, index of the task (the first user turn after them) or None, candidate tail starts after the task, oldest first: every user turn and every assistant turn that opens an agent step)."
-    head, _ = _cut_points(messages)
-    task = head if head < len(messages) and messages[head]["role"] == "user" else None
-    start = head + (task is not None)
-    return head, task, [start] + [i for i in range(start+1, len(messages))
-                                  if messages[i]["role"] == "user" or (messages[i]["role"] == "assistant" and messages[i-1]["role"] != "assistant")]
-
 def _pad(rows:list[list[int]], value:int) -> torch.Tensor:
     T = max((len(r) for r in rows), default=0)
     out = torch.full((len(rows), T), value, dtype=torch.long)
     for b, r in enumerate(rows): out[b, :len(r)] = torch.tensor(r, dtype=torch.long)
     return out
 
-# %% ../../nbs/20_trainer.data_collator.ipynb #2e996276
-def _fit(build:Callable[[int], Any], n_cands:int, fits:Callable[[Any], bool]):
-    "Smallest candidate index whose build fits (builds are monotone: later cuts are shorter); else the last build."
-    lo, hi, best = 0, n_cands - 1, None
-    first = build(0)
-    if fits(first): return first, 0
-    while lo <= hi:
-        mid = (lo + hi)//2
-        r = build(mid)
-        if fits(r): best, hi = (r, mid), mid - 1
-        else: lo = mid + 1
-    return best if best is not None else (build(n_cands - 1), n_cands - 1)
-
 # %% ../../nbs/20_trainer.data_collator.ipynb #d124269c
 def _where(b:int, ex) -> str:
     "How errors name example `b`: its index, and its trace_id when it has one."
     tid = ex.get("trace_id") if isinstance(ex, dict) else None
     return f"example {b}" + (f" (trace {tid!r:.60})" if tid is not None else "")
-
-def _empty(m:dict) -> bool:
-    "An assistant message with neither text nor tool calls: it has no tokens to train and some templates cannot delimit it."
-    return m["role"] == "assistant" and not m["content"] and not m.get("tool_calls")
 
 def _trainable(msgs:list[dict], stats:Counter) -> list[int]:
     "Indices of the messages kept: empty assistant messages and assistant messages before any system/user/tool one are dropped and counted."
@@ -167,8 +150,8 @@ class ComposerDataCollator:
         self._cache: dict = {}
 
     # -- channel 1 and 2 ------------------------------------------------------------------------------------
-    def _sites(self, msgs:list[dict], turn_of:list[int]) -> dict[int, list[str]]:
-        "Target assistant message index -> hints, from the error sites of a conversation."
+    def _sites(self, msgs:list[dict], turn_of:list[int], sols:dict[int, str|None]) -> dict[int, list[str]]:
+        "Target assistant message index -> hints, from the error sites of a conversation (only turns that train are distilled)."
         cfg, out = self.config, {}
         calls = {tc.get("id"): (j, tc.get("function", tc)) for j, m in enumerate(msgs) if m["role"] == "assistant"
                  for tc in m.get("tool_calls") or []}
@@ -180,6 +163,8 @@ class ComposerDataCollator:
             reaction = next((k for k in range(j+1, len(msgs)) if msgs[k]["role"] == "assistant"), None)
             meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m["content"],
                     **(m.get("error_meta") or {})}
+            if "solution" not in (m.get("error_meta") or {}): meta["solution"] = sols.get(turn_of[j])   # a window carries the whole trace's
+            if meta.get("solution") is not None: self.stats["sdpo_sites_with_solution"] += 1
             kind = meta.get("error_kind") or classify_error(m["content"], tool_name=meta["tool_name"],
                                                              history=msgs[:j], tool_input=meta["tool_input"])
             hint = cfg.hint_generator(kind, meta) if kind is not None else None
@@ -188,10 +173,10 @@ class ComposerDataCollator:
             if hint is None: self.stats["sdpo_sites_without_hint"] += 1; continue
             hint = clean_text(hint, self.stats)
             for name, k in (("failed", failed), ("reaction", reaction)):
-                if name in cfg.sdpo_targets and k is not None and hint not in out.setdefault(k, []): out[k].append(hint)
+                if name in cfg.sdpo_targets and k is not None and msgs[k].get("train", True) and hint not in out.setdefault(k, []): out[k].append(hint)
         return {k: v for k, v in out.items() if v}
 
-    def _student_teacher(self, msgs:list[dict], sites:dict[int, list[str]]):
+    def _student_teacher(self, msgs:list[dict], sites:dict[int, list[str]], tools=None):
         "Tokenized (student, teacher, student targets, teacher targets) of the latest turns that fit."
         L, head, cands = self.config.max_seq_len, *_cut_points(msgs)
         def build(c):
@@ -201,10 +186,10 @@ class ComposerDataCollator:
             for k in keep:
                 if k in sites: t_msgs.append({"role": self.config.hint_role, "content": "\n".join(sites[k])})
                 t_of[len(t_msgs)] = k; t_msgs.append(msgs[k])
-            s_ids, s_own = tokenize_conversation(self.tokenizer, s_msgs)
+            s_ids, s_own = tokenize_conversation(self.tokenizer, s_msgs, tools)
             s_own = [keep[o] if o >= 0 else -1 for o in s_own]
             if not sites: return (s_ids, s_own, s_ids, s_own)
-            t_ids, t_own = tokenize_conversation(self.tokenizer, t_msgs)
+            t_ids, t_own = tokenize_conversation(self.tokenizer, t_msgs, tools)
             return (s_ids, s_own, t_ids, [t_of[o] if o >= 0 else -1 for o in t_own])
         (s_ids, s_own, t_ids, t_own), c = _fit(build, len(cands), lambda r: len(r[0]) <= L and len(r[2]) <= L)
         if c > 0: self.stats["rows_turns_dropped"] += 1
@@ -215,22 +200,6 @@ class ComposerDataCollator:
         return s_ids, s_own, t_ids, t_own, whole
 
     # -- channel 3 --------------------------------------------------------------------------------------------
-    def _dpo_side(self, prompt:list[dict], action:dict):
-        "(ids, response mask) of prompt + action message as the assistant's turn, oldest context dropped to fit; None if the response alone is too long."
-        L = self.config.max_dpo_seq_len
-        head, task, starts = _step_points(prompt)
-        sys_task = prompt[:head] + ([prompt[task]] if task is not None else [])
-        # longest first: the system prompt, the task and the latest whole agent steps; then the task and the response; then the response alone
-        tails = [sys_task + list(prompt[s:]) + [action] for s in starts] + [sys_task + [action], prompt[:head] + [action]]
-        def build(c):
-            ids, own = tokenize_conversation(self.tokenizer, tails[c])
-            return ids, [int(o == len(tails[c]) - 1) for o in own]
-        (ids, resp), c = _fit(build, len(tails), lambda r: len(r[0]) <= L)
-        if c > 0: self.stats["dpo_sides_steps_dropped"] += 1
-        if sum(resp) > L: return None
-        if len(ids) > L: ids, resp = ids[-L:], resp[-L:]
-        return ids, resp
-
     def _pair_messages(self, p, w:str) -> tuple[list[dict], list[dict]]|None:
         "Validated (prompt messages, [chosen message, rejected message]) of one DPO pair; None if an action is empty."
         if not isinstance(p, dict): raise TypeError(f"{w}: must be a DPOPair dict, got {type(p).__name__}")
@@ -251,17 +220,19 @@ class ComposerDataCollator:
             acts.append(messages_from_turns([m], f"{w}.{k}", "message", self.stats)[0])
         return None if any(_empty(m) for m in acts) else (prompt, acts)
 
-    def _pairs(self, ex:dict, where:str) -> list[tuple]:
-        "(chosen, rejected) sides of an example's DPO pairs that fit; a pair with an empty action or a response alone too long is dropped and counted."
+    def _pairs(self, ex:dict, where:str, tools=None) -> list[tuple]:
+        "(chosen, rejected) sides of an example's DPO pairs, sharing one prompt; a pair with an empty action or a response alone too long is dropped and counted."
         pairs = ex.get("dpo_pairs")
         if pairs is not None and not isinstance(pairs, (list, tuple)): raise TypeError(f"{where}: dpo_pairs must be a list of DPOPair dicts, got {type(pairs).__name__}")
         checked = [self._pair_messages(p, f"{where}, dpo_pairs[{k}]") for k, p in enumerate(pairs or [])]  # all validated before any work
         out = []
         for k, c in enumerate(checked):
             if c is None: self.stats["dpo_pairs_dropped_empty"] += 1; continue
-            try: sides = [self._dpo_side(c[0], a) for a in c[1]]
-            except ValueError as e: raise ValueError(f"{where}, dpo_pairs[{k}]: {e}") from e
-            if any(x is None for x in sides): self.stats["dpo_pairs_dropped_too_long"] += 1; continue
+            w = f"{where}, dpo_pairs[{k}]"
+            p_tools = check_tools(pairs[k].get("tools"), f"{w}: tools") if pairs[k].get("tools") is not None else tools
+            try: sides = shared_prompt_sides(self.tokenizer, c[0], c[1], self.config.max_dpo_seq_len, p_tools, self.stats)
+            except ValueError as e: raise ValueError(f"{w}: {e}") from e
+            if sides is None: self.stats["dpo_pairs_dropped_too_long"] += 1; continue
             out.append(tuple(sides))
         return out
 
@@ -270,15 +241,18 @@ class ComposerDataCollator:
         cfg, where = self.config, _where(b, ex)
         if "turns" not in ex: raise ValueError(f"{where}: has no 'turns'")
         if not isinstance(ex["turns"], list): raise TypeError(f"{where}: turns must be a list of turn dicts, got {type(ex['turns']).__name__}")
+        tools = check_tools(ex.get("tools"), f"{where}: tools")
         msgs = messages_from_turns(ex["turns"], where, "turn", self.stats)
+        use_sdpo = cfg.enable_sdpo and cfg.hint_generator is not None
+        sols = solutions(msgs, ex.get("dpo_pairs") if isinstance(ex.get("dpo_pairs"), (list, tuple)) else None, cfg.solution_sources) if use_sdpo else {}
         turn_of = _trainable(msgs, self.stats)      # indices into `turns` of the messages kept
         msgs = [msgs[j] for j in turn_of]
         if not any(m["role"] == "assistant" for m in msgs):
             raise ValueError(f"{where}: turns have no assistant turn to train (none with text or tool calls after a system, user or tool turn)")
-        pairs = self._pairs(ex, where) if cfg.enable_replay_dpo else []
+        pairs = self._pairs(ex, where, tools) if cfg.enable_replay_dpo else []
         try:
-            sites = self._sites(msgs, turn_of) if cfg.enable_sdpo and cfg.hint_generator is not None else {}
-            s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites)
+            sites = self._sites(msgs, turn_of, sols) if use_sdpo else {}
+            s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites, tools)
         except (ValueError, TypeError) as e: raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {e}") from e
         s_pos = {k: [t for t, o in enumerate(s_own) if o == k] for k in sites}
         t_pos = {k: [t for t, o in enumerate(t_own) if o == k] for k in sites}
@@ -287,7 +261,7 @@ class ComposerDataCollator:
         keep = [k for k in sites if s_pos[k] and len(s_pos[k]) == len(t_pos[k]) == whole[k] and s_pos[k][0] > 0
                 and t_pos[k][0] > 0 and [s_ids[t] for t in s_pos[k]] == [t_ids[t] for t in t_pos[k]]]
         self.stats["sdpo_targets"] += len(keep); self.stats["sdpo_targets_lost"] += len(sites) - len(keep)
-        row = dict(ids=s_ids, resp=[int(o >= 0) for o in s_own], t_ids=t_ids,
+        row = dict(ids=s_ids, resp=[int(o >= 0 and msgs[o].get("train", True)) for o in s_own], t_ids=t_ids,
                    t_mask=[int(o in keep) for o in t_own], s_mask=[int(o in keep) for o in s_own])
         return row, pairs
 
@@ -300,6 +274,18 @@ class ComposerDataCollator:
         out = self._example(b, ex)
         if len(self._cache) >= self.config.cache_size: self._cache.pop(next(iter(self._cache)))
         self._cache[key] = out
+        return out
+
+    # -- windows ------------------------------------------------------------------------------------------------
+    def windows(self, examples:Sequence[TraceExample]) -> list[TraceExample]:
+        "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_too_long`."
+        if isinstance(examples, (dict, str, bytes)) or not hasattr(examples, "__iter__"):
+            raise TypeError(f"examples must be a list of TraceExample dicts, got {type(examples).__name__}")
+        cfg, out = self.config, []
+        for b, ex in enumerate(examples):
+            if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
+            out += trace_windows(ex, tokenizer=self.tokenizer, max_seq_len=cfg.max_seq_len, context_tokens=cfg.window_context_tokens,
+                                 solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats)
         return out
 
     # -- the batch --------------------------------------------------------------------------------------------
@@ -315,6 +301,7 @@ class ComposerDataCollator:
         rewards = [_reward(ex.get(cfg.rlvr_reward_key), _where(b, ex), cfg.rlvr_reward_key) for b, ex in enumerate(batch)]
         done = [self._cached(b, ex) for b, ex in enumerate(batch)]
         rows = [r for r, _ in done]
+        self.stats["assistant_tokens_trained"] += sum(sum(r["resp"]) for r in rows)
         pad = cfg.pad_token_id
         out = {"input_ids": _pad([r["ids"] for r in rows], pad), "attention_mask": _pad([[1]*len(r["ids"]) for r in rows], 0),
                "response_mask": _pad([r["resp"] for r in rows], 0)}
@@ -378,6 +365,8 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
         msgs = list(last["messages"]) + [action_to_message(last.get("action") or last["student_action"])]  # blocks: parsed once, at ingestion
         messages_from_turns(msgs, f"state {last['state_id']!r:.60}", "message")  # every state of the group is a prefix of this one
         ex = TraceExample(trace_id=g[0]["state_id"], turns=_turns(msgs), dpo_pairs=[], state_ids=[s["state_id"] for s in g])
+        tools = next((s["tools"] for s in reversed(g) if s.get("tools")), None)   # the schemas the log (or the suite) recorded
+        if tools is not None: ex["tools"] = check_tools(tools, f"state {last['state_id']!r:.60}: tools")
         if reward is not None: ex["final_reward"] = reward
         for s in g: where[s["state_id"]] = len(examples)
         examples.append(ex)

@@ -5,6 +5,7 @@
 # %% ../../nbs/19_trainer.messages.ipynb #b5f87db2
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -13,8 +14,8 @@ from typing import Any, TypedDict
 from ..teacher_replay import openai_messages
 
 # %% auto #0
-__all__ = ['TraceTurn', 'TokenizerLike', 'render_conversation', 'assistant_spans', 'tokenize_conversation', 'clean_text',
-           'messages_from_turns']
+__all__ = ['TraceTurn', 'TokenizerLike', 'canonical_arguments', 'check_tools', 'render_conversation', 'assistant_spans',
+           'encode_text', 'tokenize_conversation', 'clean_text', 'messages_from_turns']
 
 # %% ../../nbs/19_trainer.messages.ipynb #0de8dadf
 class TraceTurn(TypedDict, total=False):
@@ -25,7 +26,8 @@ class TraceTurn(TypedDict, total=False):
     tool_calls: list[dict]   # OpenAI-style tool calls of an assistant turn
     tool_call_id: str        # on a tool turn: the call it answers
     tool_error: str|None     # on a tool turn: the error text when the call failed
-    error_meta: dict         # on a tool turn: {"error_kind", "tool_name", "tool_input", ...} for the hint
+    error_meta: dict         # on a tool turn: {"error_kind", "tool_name", "tool_input", "solution", ...} for the hint
+    train: bool              # on an assistant turn: False renders it as context but never trains it (default True)
 
 class TokenizerLike:
     "The tokenizer surface the collator needs (a Hugging Face fast tokenizer has it)."
@@ -35,9 +37,53 @@ class TokenizerLike:
     def apply_chat_template(self, messages:list[dict], **kwargs:Any) -> str|list[int]: ...
 
 # %% ../../nbs/19_trainer.messages.ipynb #47b8906d
-def _apply_template(tokenizer, msgs, add_generation_prompt):
+def canonical_arguments(a:str|dict, # tool-call arguments: a dict, or the JSON text a model emitted
+                       ) -> str:
+    "The one JSON text of a tool call's arguments every stage renders: a JSON object as `json.dumps(obj, ensure_ascii=False)` (what transformers' `tojson` writes for a dict), any other string verbatim."
+    if isinstance(a, dict): return json.dumps(a, ensure_ascii=False)
+    if not isinstance(a, str): raise TypeError(f"arguments must be a dict or a JSON string, got {type(a).__name__}")
+    return _canonical_str(a)
+
+@functools.lru_cache(maxsize=1 << 16)
+def _canonical_str(a:str) -> str:
+    if not a.lstrip().startswith("{"): return a
+    try: obj = json.loads(a)
+    except (ValueError, RecursionError): return a   # not JSON (a `json_decode` error site): kept as the model emitted it
+    return json.dumps(obj, ensure_ascii=False) if isinstance(obj, dict) else a
+
+_OPEN, _CLOSE = "\ue000", "\ue001"   # private-use marks around a special token's spelling that is content, not markup
+_PROTECTED = re.compile(f"{_OPEN}(.*?){_CLOSE}", re.S)
+
+@functools.lru_cache(maxsize=64)
+def _special_re(spellings:tuple[str, ...]):
+    return re.compile("|".join(map(re.escape, sorted(spellings, key=len, reverse=True)))) if spellings else None
+
+def _specials(tokenizer):
+    "A regex of the spellings of the tokenizer's special tokens (None if it has none)."
+    dec = getattr(tokenizer, "added_tokens_decoder", None)
+    sp = [t.content for t in dec.values() if getattr(t, "special", False)] if isinstance(dec, dict) else list(getattr(tokenizer, "all_special_tokens", []) or [])
+    return _special_re(tuple(sorted({s for s in sp if isinstance(s, str) and s})))
+
+def _protect(s, rx):
+    return rx.sub(lambda m: _OPEN + m.group(0) + _CLOSE, s) if rx is not None and s and rx.search(s) else s
+
+def check_tools(tools, # OpenAI function schemas: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
+                where:str="tools", # how errors name the list
+               ) -> list[dict]|None:
+    "`tools` checked: None, or a list of function schemas whose names are non-empty strings without control characters."
+    if tools is None: return None
+    if not isinstance(tools, (list, tuple)): raise TypeError(f"{where} must be a list of OpenAI function schemas, got {type(tools).__name__}")
+    for k, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError(f"{where}[{k}] must be {{'type': 'function', 'function': {{'name': <non-empty str>, ...}}}}, got {t!r:.80}")
+    return list(tools)
+
+def _apply_template(tokenizer, msgs, add_generation_prompt, tools=None):
     "`apply_chat_template` as text; a template that raises (one that insists on alternating roles, say) is a `ValueError`."
-    try: return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+    kw = {"tools": tools} if tools else {}
+    try: return tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)
     except Exception as e: raise ValueError(f"the chat template cannot render this conversation ({type(e).__name__}: {e})") from e
 
 def _generation_header(tokenizer) -> str:
@@ -47,35 +93,60 @@ def _generation_header(tokenizer) -> str:
     if not with_gen.startswith(without): raise ValueError("cannot find the chat template's generation prompt: it does not extend the conversation")
     return with_gen[len(without):]
 
+def _template_messages(messages, rx=None):
+    "The messages as the template gets them: OpenAI keys, content a string, tool-call arguments canonical, special spellings marked (with `rx`)."
+    out = []
+    for m in openai_messages(messages, instruction=None):
+        mm = {**m, "content": _protect(m.get("content") or "", rx)}
+        if mm.get("tool_calls"):
+            calls = []
+            for c in mm["tool_calls"]:
+                fn = c.get("function", c)
+                if isinstance(fn, dict) and isinstance(fn.get("arguments"), (str, dict)):
+                    fn = {**fn, "name": _protect(fn.get("name"), rx) if isinstance(fn.get("name"), str) else fn.get("name"),
+                          "arguments": _protect(canonical_arguments(fn["arguments"]), rx)}
+                    c = {**c, "function": fn} if "function" in c else fn
+                calls.append(c)
+            mm["tool_calls"] = calls
+        out.append(mm)
+    return out
+
+def _render(tokenizer, messages, add_generation_prompt=False, tools=None, protect=False):
+    if not getattr(tokenizer, "chat_template", None): raise ValueError("the tokenizer has no chat template (tokenizer.chat_template is empty)")
+    tools = check_tools(tools)
+    if not messages and not tools: return _generation_header(tokenizer) if add_generation_prompt else ""
+    if not messages: raise ValueError("cannot render tools without messages")
+    return _apply_template(tokenizer, _template_messages(messages, _specials(tokenizer) if protect else None), add_generation_prompt, tools)
+
 def render_conversation(tokenizer:TokenizerLike, # has a chat template
                         messages:list[dict], # OpenAI-style messages
                         add_generation_prompt:bool=False, # end with the assistant header
+                        tools:list[dict]|None=None, # OpenAI function schemas, passed to the template's `tools=`
                        ) -> str:
-    "The chat-template rendering of `messages` as text."
-    if not getattr(tokenizer, "chat_template", None): raise ValueError("the tokenizer has no chat template (tokenizer.chat_template is empty)")
-    if not messages: return _generation_header(tokenizer) if add_generation_prompt else ""
-    msgs = [{**m, "content": m.get("content") or ""} for m in openai_messages(messages, instruction=None)]
-    return _apply_template(tokenizer, msgs, add_generation_prompt)
+    "The chat-template rendering of `messages` (and `tools`) as text, every tool call's arguments in `canonical_arguments` form."
+    return _render(tokenizer, messages, add_generation_prompt, tools)
 
-def _last_turn(tokenizer, before, p, f):
+def _last_turn(tokenizer, before, p, f, tools=None, protect=False):
     "The final turn's text in `f` when `f` does not extend the prompt `p`: what follows its own generation header (None if it has none)."
-    base = render_conversation(tokenizer, before)
+    base = _render(tokenizer, before, False, tools, protect)
     gen = p[len(base):] if p.startswith(base) else ""
     if not gen or f.count(gen) != base.count(gen) + 1: return None  # the last turn does not render the header it was prompted with
     return f[f.rfind(gen) + len(gen):]
 
 def assistant_spans(tokenizer:TokenizerLike, # has a chat template and an `eos_token`
                     messages:list[dict], # OpenAI-style messages
+                    tools:list[dict]|None=None, # OpenAI function schemas for the template
+                    protect:bool=False, # mark special-token spellings in content (for `encode_text`)
                    ) -> tuple[str, list[tuple[int, int, int]]]: # (rendering, [(message index, start, end)])
     "Render `messages` and find the character span of each assistant turn (text, tool calls, end-of-turn token)."
-    full = render_conversation(tokenizer, messages)
+    full = _render(tokenizer, messages, False, tools, protect)
     eos, spans, cursor = getattr(tokenizer, "eos_token", None), [], 0
     for i, m in enumerate(messages):
         if m.get("role") != "assistant": continue
-        p = render_conversation(tokenizer, messages[:i], add_generation_prompt=True)
-        f = render_conversation(tokenizer, messages[:i+1])
+        p = _render(tokenizer, messages[:i], True, tools, protect)
+        f = _render(tokenizer, messages[:i+1], False, tools, protect)
         extends = f.startswith(p)
-        seg = f[len(p):] if extends else _last_turn(tokenizer, messages[:i], p, f)
+        seg = f[len(p):] if extends else _last_turn(tokenizer, messages[:i], p, f, tools, protect)
         if extends and len(p) >= cursor and full.startswith(f): start = len(p)   # prefix-stable
         else:
             start = full.find(seg, cursor) if seg else -1
@@ -89,17 +160,37 @@ def assistant_spans(tokenizer:TokenizerLike, # has a chat template and an `eos_t
     return full, spans
 
 # %% ../../nbs/19_trainer.messages.ipynb #759fe7a1
+def encode_text(tokenizer:TokenizerLike, # a Hugging Face tokenizer
+                texts:list[str], # renderings, with special-token spellings of content marked (`protect=True`)
+               ) -> list[list[int]]: # ids per text
+    "Tokenize renderings: the template's markup as its special tokens, content that spells a special token as plain text."
+    segs, owner = [], []   # (text, is content) pieces of every text, in order
+    for k, t in enumerate(texts):
+        pos = 0
+        for m in _PROTECTED.finditer(t):
+            if m.start() > pos: segs.append((t[pos:m.start()], False)); owner.append(k)
+            segs.append((m.group(1), True)); owner.append(k); pos = m.end()
+        if pos < len(t) or not t: segs.append((t[pos:], False)); owner.append(k)
+    plain = [s for s, c in segs if not c]
+    enc = iter(tokenizer(plain, add_special_tokens=False)["input_ids"] if plain else [])
+    marked = [s for s, c in segs if c]
+    enc_m = iter(tokenizer(marked, add_special_tokens=False, split_special_tokens=True)["input_ids"] if marked else [])
+    out = [[] for _ in texts]
+    for (s, c), k in zip(segs, owner): out[k].extend(next(enc_m) if c else next(enc))
+    return out
+
 def tokenize_conversation(tokenizer:TokenizerLike, # has a chat template
                           messages:list[dict], # OpenAI-style messages
+                          tools:list[dict]|None=None, # OpenAI function schemas for the template
                          ) -> tuple[list[int], list[int]]: # (ids, owner): owner[t] = assistant message index of token t, or -1
     "Tokenize a conversation piece by piece (each assistant turn alone) and say which turn owns each token."
-    full, spans = assistant_spans(tokenizer, messages)
+    full, spans = assistant_spans(tokenizer, messages, tools, protect=True)
     pieces, owners, pos = [], [], 0
     for i, s, e in spans:
         if s > pos: pieces.append(full[pos:s]); owners.append(-1)
         pieces.append(full[s:e]); owners.append(i); pos = e
     if pos < len(full): pieces.append(full[pos:]); owners.append(-1)
-    enc = tokenizer(pieces, add_special_tokens=False)["input_ids"] if pieces else []
+    enc = encode_text(tokenizer, pieces) if pieces else []
     ids, owner = [], []
     for piece_ids, o in zip(enc, owners):
         ids.extend(piece_ids); owner.extend([o]*len(piece_ids))
@@ -128,7 +219,7 @@ def _text(v, where:str, field:str, stats=None) -> str:
 def _arguments(a, where:str, stats=None) -> str:
     "Tool-call arguments as the JSON text the template shows: a dict is serialized, a string is kept verbatim (even invalid JSON)."
     if a is None: return "{}"
-    if isinstance(a, str): return clean_text(a, stats)   # what the model emitted; invalid JSON here is a `json_decode` error site
+    if isinstance(a, str): return canonical_arguments(clean_text(a, stats))   # invalid JSON is kept as emitted: a `json_decode` error site
     if not isinstance(a, dict): raise TypeError(f"{where}: arguments must be a dict or a JSON string, got {type(a).__name__}")
     try: return clean_text(json.dumps(a, ensure_ascii=False, allow_nan=False), stats)
     except (TypeError, ValueError, RecursionError) as e: raise TypeError(f"{where}: arguments are not JSON-serializable ({e})") from None
@@ -186,6 +277,9 @@ def messages_from_turns(turns:list[TraceTurn], # trace turns (or DPO prompt mess
         if t.get("tool_call_id") is not None: m["tool_call_id"] = t["tool_call_id"]
         if t.get("name") is not None: m["name"] = clean_text(t["name"], stats)
         if t.get("is_error") is not None and not isinstance(t["is_error"], bool): raise TypeError(f"{w}: is_error must be a bool, got {type(t['is_error']).__name__}")
+        if t.get("train") is not None:
+            if not isinstance(t["train"], bool): raise TypeError(f"{w}: train must be a bool, got {type(t['train']).__name__}")
+            if m["role"] == "assistant" and not t["train"]: m["train"] = False
         if t.get("tool_error") is not None or t.get("is_error"): m["is_error"] = True
         if (meta := _error_meta(t.get("error_meta"), w)) is not None: m["error_meta"] = meta
         out.append(m)

@@ -65,7 +65,7 @@ def test_planted_key_never_appears(tmp_path, caplog, capsys, monkeypatch, client
             srv.policies["t/0"] = ModelPolicy(reply=Failure(401, message=f"Invalid key {PLANTED}"))
             run(replay_trace(make_states(3, prefix="f"), T[:1], backoff_s=0.01, journal=j3, **kw))   # (j is another run's)
     assert {r["response_text"] for r in res if r["teacher_slug"] == "t/0"} == {"fine"}          # the key worked
-    assert all("***" in r["error"] for r in res if r["teacher_slug"] == "t/2")                   # redacted, not dropped
+    assert all("from key [REDACTED:openrouter_key]" in r["error"] for r in res if r["teacher_slug"] == "t/2")   # redacted, not dropped
     assert {r["error"] for r in res_env} == {None}
     out, err = capsys.readouterr()
     texts = {"results": json.dumps(res) + repr(res) + json.dumps(res_env) + repr(res_env), "journal": j.read_text() + j3.read_text(),
@@ -376,7 +376,7 @@ def test_a_broken_transport_fails_calls_not_the_run():
     res = run(replay_trace(make_states(2), teachers([(1.0, 1.0)]), api_key=PLANTED, base_url="http://127.0.0.1:9/v1",
                            transport=Boom(), progress=False))
     assert [r["response_text"] for r in res] == [None, None]
-    assert all("ValueError: boom with Bearer ***" in r["error"] and r["cost_usd"] > 0 for r in res)
+    assert all("ValueError: boom with Bearer [REDACTED:openrouter_key]" in r["error"] and r["cost_usd"] > 0 for r in res)
     assert PLANTED not in repr(res)
 
 

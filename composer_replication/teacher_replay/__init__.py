@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -16,14 +17,15 @@ from typing import Any
 
 import orjson
 
-from ..ingestion.core import as_blocks, render_action
-from .protocol import (DEFAULT_INSTRUCTION, DEFAULT_TEACHERS, OPENROUTER_BASE_URL,
-    RETRY_STATUSES, DPOPair, OpenAICompatibleProvider, OpenRouterProvider, Provider, TeacherCallResult, TeacherSpec, TraceState,
-    check_states, check_teachers, openai_messages, parse_reply, render_reply, reply_blocks, request_body, resolve_provider,
-    retry_after_s, student_blocks, teacher_request, tool_specs)
+from ..ingestion.core import as_blocks, redact_json, redact_secrets, render_action
+from .protocol import (DEFAULT_INSTRUCTION, DEFAULT_MAX_TOOL_CALLS, DEFAULT_TEACHERS,
+    INVALID_ACTION, OPENROUTER_BASE_URL, RETRY_STATUSES, DPOPair, OpenAICompatibleProvider, OpenRouterProvider, Provider,
+    TeacherCallResult, TeacherSpec, TraceState, action_problem, check_states, check_teachers, key_scrubber, openai_messages,
+    parse_reply, redact_blocks, redact_messages, render_reply, reply_blocks, request_body, resolve_provider, retry_after_s,
+    state_tool_names, student_blocks, teacher_request, tool_specs)
 from .budget import PROMPT_OVERHEAD_TOKENS, Budget, usage_charge, worst_case_usd
-from .journal import (JOURNAL_TAG, Journal, check_journal_header, journal_header,
-                                                         read_journal, scan_journal)
+from .journal import (JOURNAL_TAG, Journal, JournalBusy, JournalWriteError, check_journal,
+                                                         check_journal_header, journal_header, journal_lock, read_journal, scan_journal)
 from .transport import DEFAULT_MAX_REPLY_BYTES, TIMEOUTS, ReplyTooLarge, open_http
 from .pairs import (action_key, extract_dpo_pairs, load_pairs, pair_action, save_pairs,
                                                        to_preference_rows)
@@ -31,7 +33,8 @@ _all_ = ["DEFAULT_INSTRUCTION", "DEFAULT_TEACHERS", "OPENROUTER_BASE_URL", "RETR
          "OpenRouterProvider", "Provider", "TeacherCallResult", "TeacherSpec", "TraceState", "openai_messages", "parse_reply",
          "render_reply", "reply_blocks", "request_body", "resolve_provider", "retry_after_s", "teacher_request", "tool_specs",
          "Budget", "worst_case_usd", "Journal", "read_journal", "scan_journal", "ReplyTooLarge",
-         "action_key", "extract_dpo_pairs", "load_pairs", "save_pairs", "to_preference_rows"]
+         "action_key", "extract_dpo_pairs", "load_pairs", "save_pairs", "to_preference_rows",
+         "JournalBusy", "JournalWriteError", "INVALID_ACTION", "DEFAULT_MAX_TOOL_CALLS"]
 
 # %% auto #0
 __all__ = ['ReplayResults', 'TeacherReplayError', 'replay_trace', 'DEFAULT_INSTRUCTION', 'DEFAULT_TEACHERS',
@@ -39,7 +42,8 @@ __all__ = ['ReplayResults', 'TeacherReplayError', 'replay_trace', 'DEFAULT_INSTR
            'Provider', 'TeacherCallResult', 'TeacherSpec', 'TraceState', 'openai_messages', 'parse_reply',
            'render_reply', 'reply_blocks', 'request_body', 'resolve_provider', 'retry_after_s', 'teacher_request',
            'tool_specs', 'Budget', 'worst_case_usd', 'Journal', 'read_journal', 'scan_journal', 'ReplyTooLarge',
-           'action_key', 'extract_dpo_pairs', 'load_pairs', 'save_pairs', 'to_preference_rows']
+           'action_key', 'extract_dpo_pairs', 'load_pairs', 'save_pairs', 'to_preference_rows', 'JournalBusy',
+           'JournalWriteError', 'INVALID_ACTION', 'DEFAULT_MAX_TOOL_CALLS']
 
 # %% ../../nbs/15f_teacher_replay.ipynb #1e217903
 _log = logging.getLogger(__name__)
@@ -49,16 +53,21 @@ class ReplayResults(list):
     def __init__(self, results=(), *, not_attempted=(), spent_usd=0.0, stopped=None, from_journal=0, bad_journal_lines=0):
         super().__init__(results)
         self.not_attempted: list[tuple[str, str]] = list(not_attempted)  # (state_id, teacher_slug) never sent
-        self.spent_usd, self.stopped = spent_usd, stopped               # stopped: None | "budget" | "fatal" | "cancelled"
+        self.spent_usd, self.stopped = spent_usd, stopped               # stopped: None | "budget" | "fatal" | "journal" | "interrupted" | "cancelled"
         self.from_journal, self.bad_journal_lines = from_journal, bad_journal_lines
     @property
     def states_not_attempted(self) -> list[str]:
         "State ids with at least one teacher call not attempted, in trace order."
         return list(dict.fromkeys(s for s, _ in self.not_attempted))
+    @property
+    def invalid_actions(self) -> int:
+        "Results whose answer was not a well-formed action (error rows starting with INVALID_ACTION)."
+        return sum(isinstance(r["error"], str) and r["error"].startswith(INVALID_ACTION) for r in self)
     def summary(self) -> str:
-        "One line: results ok and failed, from the journal, not attempted, spent, why it stopped."
-        ok = sum(r["error"] is None for r in self)
-        return (f"{len(self)} results ({ok} ok, {len(self) - ok} failed, {self.from_journal} from the journal), "
+        "One line: results ok and failed (invalid actions among them), from the journal, not attempted, spent, why it stopped."
+        ok, bad = sum(r["error"] is None for r in self), self.invalid_actions
+        return (f"{len(self)} results ({ok} ok, {len(self) - ok} failed" + (f" of which {bad} invalid actions" if bad else "")
+                + f", {self.from_journal} from the journal), "
                 f"{len(self.not_attempted)} not attempted, ${self.spent_usd:.6f} spent" + (f", stopped: {self.stopped}" if self.stopped else ""))
 
 class TeacherReplayError(RuntimeError):
@@ -73,6 +82,7 @@ class _Retry(Exception):
 class _Fatal(Exception):
     def __init__(self, msg, status): super().__init__(msg); self.status = status
 class _Failed(Exception): pass
+class _Invalid(_Failed): pass
 class _NoBudget(Exception): pass
 class _Halted(Exception): pass
 
@@ -104,8 +114,10 @@ def _err_text(data, raw):
 
 class _Run:
     "State of one `replay_trace` call (internal)."
-    def __init__(self, http, provider, redact, budget, journal, pbar, retrying_kw, max_wait_s, max_tokens=1024):
+    def __init__(self, http, provider, redact, budget, journal, pbar, retrying_kw, max_wait_s, max_tokens=1024, scrub=None,
+                 max_tool_calls=DEFAULT_MAX_TOOL_CALLS):
         self.http, self.provider, self.redact, self.max_tokens = http, provider, redact, max_tokens
+        self.scrub, self.max_tool_calls = scrub or (lambda v: v), max_tool_calls
         self.budget, self.journal, self.pbar, self.rkw, self.max_wait_s = budget, journal, pbar, retrying_kw, max_wait_s
         self.results, self.not_attempted, self.halted, self.fatal = [], [], None, None
         self.pending: dict = {}; self.distrusted = set()   # job -> its send task, until recorded; slugs warned about
@@ -116,8 +128,13 @@ class _Run:
         await self.budget.close()
 
     def emit(self, res):
-        self.results.append(res)
-        if self.journal is not None: self.journal.put(res[1])
+        job, r = res
+        if isinstance(r["error"], str): r["error"] = redact_secrets(r["error"])
+        r = self.scrub(r)                       # the last line of defence: no trace of the key in any record
+        self.results.append((job, r))
+        if self.journal is not None and not self.journal.put(r) and self.halted != "journal":
+            self.halted = "journal"             # a full disk: send nothing more (calls in flight still complete and are returned)
+            asyncio.ensure_future(self.budget.close())
         if self.pbar is not None:
             self.unshown += 1
             if time.monotonic() >= self.next_show: self.show()
@@ -137,7 +154,8 @@ class _Run:
 
     def charge(self, usage, job, absent):
         return usage_charge(usage, job.teacher, job.need, len(job.body) + PROMPT_OVERHEAD_TOKENS, self.max_tokens,
-                            absent=absent, reported_cost=self.provider.reported_cost)
+                            absent=absent, reported_cost=self.provider.reported_cost,
+                            trust_reported_cost=job.teacher.get("trust_reported_cost", True))
 
     async def send(self, job):
         "One HTTP exchange; returns ('ok', blocks) or an exception to raise. Settles the budget."
@@ -163,9 +181,13 @@ class _Run:
             if status == 200 and not err:         # a reply: priced by its usage if that is believable, else at worst case
                 charge, job.pt, job.ct, why = self.charge(usage, job, absent=job.need)
                 if why is not None and isinstance(data, dict): self.distrust(job, why)
-                try: return ("ok", parse_reply(raw if data is _NOT_JSON else data))
+                try: blocks = parse_reply(raw if data is _NOT_JSON else data)
                 except Exception as e:   # a reply of the wrong shape fails this call only; retried, as a glitch may be
                     return _Retry(f"HTTP 200 with a malformed reply: {_clip(self.redact(e))}")
+                why = action_problem(blocks, self.max_tool_calls, state_tool_names(job.state))
+                if why is not None:      # an answer, paid for, that is no action: an error row, not retried, never a pair side
+                    return _Invalid(INVALID_ACTION + _clip(self.redact(why)))
+                return ("ok", self.scrub(redact_blocks(blocks)))
             # providers do not bill errors unless they report usage (then believable usage, else the worst case)
             charge = self.charge(usage, job, absent=0.0)[0]
             text = _clip(self.redact(_err_text(data, raw)))
@@ -187,6 +209,8 @@ class _Run:
         if not await self.budget.reserve(job.need):
             if self.halted: raise _Halted(self.halted)
             raise _NoBudget()
+        if self.halted:                          # stopped while this call waited for room: send nothing
+            await self.budget.settle(job.need, 0.0); raise _Halted(self.halted)
         job.attempts += 1
         task = self.pending[job] = asyncio.ensure_future(self.send(job))
         out = await asyncio.shield(task)
@@ -224,6 +248,13 @@ class _Run:
             if self.fatal is None: self.fatal = (e, job)
             await self.halt("fatal")
             self.emit((job, job.result(error=str(e)))); return
+        except asyncio.CancelledError:          # the run is stopping: what this call already cost must reach the journal
+            if job not in self.pending:          # (a call in flight is recorded by `drain`)
+                if job.attempts: self.emit((job, job.result(error=f"interrupted after {job.attempts} attempt(s)")))
+                else: self.not_attempted.append(job)
+            raise
+        except _Invalid as e:
+            self.emit((job, job.result(error=str(e)))); return
         except (_Retry, _Failed) as e:
             note = ""
             if isinstance(e, _Retry) and e.retry_after is not None and e.retry_after > self.max_wait_s:
@@ -232,12 +263,14 @@ class _Run:
         self.emit((job, job.result(action=blocks))); self.pending.pop(job, None)
 
     async def drain(self, timeout):
-        "After a cancellation: wait for calls already sent (they are paid for) and record them."
-        if self.pending: await asyncio.wait(list(self.pending.values()), timeout=timeout)
+        "After a stop or a cancellation: wait up to `timeout` for calls already sent (they are paid for) and record them."
+        if self.pending and timeout > 0: await asyncio.wait(list(self.pending.values()), timeout=timeout)
         for job, task in list(self.pending.items()):
-            if not task.done(): self.emit((job, job.result(error="interrupted while in flight"))); continue
+            if not task.done():                  # abandoned: its answer is unknown, so its worst case is what it may have cost
+                job.cost += job.need; self.emit((job, job.result(error="interrupted while in flight (charged at worst case)"))); continue
             out = task.result()
-            self.emit((job, job.result(action=out[1]) if isinstance(out, tuple) else job.result(error=f"interrupted: {out}")))
+            self.emit((job, job.result(action=out[1]) if isinstance(out, tuple) else
+                       job.result(error=str(out) if isinstance(out, _Invalid) else f"interrupted: {out}")))
         self.pending.clear()
 
     async def worker(self, jobs):
@@ -278,13 +311,15 @@ async def replay_trace(
     max_retries:int=6, # retries per call after the first attempt
     backoff_s:float=0.5, # base of the jittered exponential back-off
     max_wait_s:float=120.0, # longest wait honoured (back-off or Retry-After); longer fails the call
-    retry_failed:bool=True, # a rerun retries pairs whose journaled results are all errors
+    retry_failed:bool=True, # a rerun retries pairs whose journaled results are all errors (an invalid action is an answer: never)
     progress:bool=True, # show a tqdm bar with calls done and cost
+    max_tool_calls:int=DEFAULT_MAX_TOOL_CALLS, # an answer with more tool calls is an invalid action (see `action_problem`)
+    stop:asyncio.Event|None=None, # set it to stop: nothing more is sent, the calls in flight are awaited and recorded
 ) -> ReplayResults: # TeacherCallResults in (state, teacher) order, with not_attempted / spent_usd / stopped
     "Ask every teacher for the next action at every state, in parallel, without ever exceeding `max_total_usd`."
     states, teachers = check_states(states), check_teachers(teachers)
     for name, v, lo in (("max_concurrency", max_concurrency, 1), ("max_tokens", max_tokens, 1), ("max_retries", max_retries, 0),
-                        ("max_reply_bytes", max_reply_bytes, 1)):
+                        ("max_reply_bytes", max_reply_bytes, 1), ("max_tool_calls", max_tool_calls, 1)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
     for name, v in (("max_total_usd", max_total_usd), ("timeout_s", timeout_s), ("backoff_s", backoff_s), ("max_wait_s", max_wait_s)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or (name == "timeout_s" and v == 0):
@@ -304,77 +339,96 @@ async def replay_trace(
         from tqdm import tqdm
     except ImportError as e:
         raise ImportError(f"replay_trace needs httpx, tenacity and tqdm ({e.name} is missing): pip install composer-replication") from e
-    if tools is None: tools = tool_specs(states)
-    key = ep.api_key
+    if stop is not None and not isinstance(stop, asyncio.Event): raise TypeError(f"stop must be an asyncio.Event, got {type(stop).__name__}")
+    scrub = key_scrubber(ep.api_key)            # the key, encoded or cut, out of everything sent back or written
+    def redact(x): return scrub(redact_secrets(str(x)))
+    # what is sent is redacted again: the states may come from an older version, or be written by hand
+    tools = scrub(redact_json(tool_specs(states) if tools is None else tools))
+    # one process per journal: a second one gets JournalBusy before it sends or writes anything
+    with (journal_lock(journal) if journal is not None else contextlib.nullcontext()):
+        # what the journal already holds
+        tix = {t["slug"]: j for j, t in enumerate(teachers)}
+        six = {s["state_id"]: i for i, s in enumerate(states)}
+        done, prior_spent, kept, bad, header = {}, 0.0, [], 0, None
+        if journal is not None: header = journal_header(states, teachers)
+        if journal is not None and Path(journal).exists():
+            rows, headers, st = check_journal(journal, states, teachers)   # another run's journal is refused before anything is sent
+            bad = st.bad
+            if bad: _log.warning("%s", st.report(f"journal {journal}"))
+            if headers: header = None                            # stamped already (an older journal gets its stamp now)
+            failed = set()
+            for r in rows:
+                pair = (r["state_id"], r["teacher_slug"])
+                if pair[0] not in six or pair[1] not in tix: continue
+                prior_spent += float(r.get("cost_usd") or 0.0)      # a finite amount >= 0: `scan_journal` skipped any other
+                if r.get("error") is None and isinstance(r.get("response_text"), str): done[pair] = r
+                elif isinstance(r.get("error"), str) and r["error"].startswith(INVALID_ACTION): done.setdefault(pair, r)  # answered
+                else: failed.add(pair)
+            if not retry_failed:
+                for pair in failed - set(done):
+                    done[pair] = next(r for r in reversed(rows) if (r["state_id"], r["teacher_slug"]) == pair)
+            kept = [((six[s], tix[t]), _journaled(r)) for (s, t), r in done.items()]
 
-    def redact(x):
-        s = str(x)
-        return s.replace(key, "***") if key else s
+        jobs = deque()
+        for i, s in enumerate(states):
+            todo = [(j, t) for j, t in enumerate(teachers) if (s["state_id"], t["slug"]) not in done]
+            if not todo: continue
+            msgs = scrub(redact_messages(openai_messages(s["messages"], instruction)))   # once per state, as `teacher_request` would
+            for j, t in todo:
+                body = orjson.dumps(ep.request_body(msgs, t, max_tokens=max_tokens, tools=tools, extra_body=extra_body))
+                jobs.append(_Job((i, j), s, t, body, worst_case_usd(len(body), t, max_tokens)))
 
-    # what the journal already holds
-    tix = {t["slug"]: j for j, t in enumerate(teachers)}
-    six = {s["state_id"]: i for i, s in enumerate(states)}
-    done, prior_spent, kept, bad, header = {}, 0.0, [], 0, None
-    if journal is not None: header = journal_header(states, teachers)
-    if journal is not None and Path(journal).exists():
-        rows, headers, st = scan_journal(journal)
-        bad = st.bad
-        if bad: _log.warning("%s", st.report(f"journal {journal}"))
-        check_journal_header(journal, headers, header)      # another run's journal is refused before anything is sent
-        if headers: header = None                            # stamped already (an older journal gets its stamp now)
-        failed = set()
-        for r in rows:
-            pair = (r["state_id"], r["teacher_slug"])
-            if pair[0] not in six or pair[1] not in tix: continue
-            prior_spent += float(r.get("cost_usd") or 0.0)      # a finite amount >= 0: `scan_journal` skipped any other
-            if r.get("error") is None and isinstance(r.get("response_text"), str): done[pair] = r
-            else: failed.add(pair)
-        if not retry_failed:
-            for pair in failed - set(done):
-                done[pair] = next(r for r in reversed(rows) if (r["state_id"], r["teacher_slug"]) == pair)
-        kept = [((six[s], tix[t]), _journaled(r)) for (s, t), r in done.items()]
-
-    jobs = deque()
-    for i, s in enumerate(states):
-        todo = [(j, t) for j, t in enumerate(teachers) if (s["state_id"], t["slug"]) not in done]
-        if not todo: continue
-        msgs = openai_messages(s["messages"], instruction)    # converted once per state, as `teacher_request` would
-        for j, t in todo:
-            body = orjson.dumps(ep.request_body(msgs, t, max_tokens=max_tokens, tools=tools, extra_body=extra_body))
-            jobs.append(_Job((i, j), s, t, body, worst_case_usd(len(body), t, max_tokens)))
-
-    http = open_http(ep.url, ep.headers(), transport, client, max_concurrency, timeout_s, max_reply_bytes)
-    budget, jr, pbar = Budget(float(max_total_usd), prior_spent), None, None
-    run = _Run(http, ep, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s, max_tokens)
-    try:
-        run.journal = jr = Journal(journal, header) if journal is not None else None
-        if progress: run.pbar = pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call")
-        workers = [asyncio.ensure_future(run.worker(jobs)) for _ in range(min(max_concurrency, len(jobs)))]
-        try: await asyncio.gather(*workers)
-        except asyncio.CancelledError:
-            # calls already sent have been paid for: let them finish and record them before giving up
-            run.halted = run.halted or "cancelled"
-            for w in workers: w.cancel()
-            await asyncio.gather(*workers, return_exceptions=True)
-            await run.drain(timeout_s)
-            raise
-    finally:
-        if pbar is not None: run.show(); pbar.close()
+        http = open_http(ep.url, ep.headers(), transport, client, max_concurrency, timeout_s, max_reply_bytes)
+        budget, jr, pbar, jerr = Budget(float(max_total_usd), prior_spent), None, None, None
+        run = _Run(http, ep, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s,
+                   max_tokens, scrub=scrub, max_tool_calls=max_tool_calls)
         try:
-            if jr is not None: jr.close()
-        except OSError as e:  # the results are paid for: return them, and say the journal may be incomplete
-            _log.warning("the journal %s could not be closed (%s): results are returned, but the journal may be incomplete", journal, e)
-        finally: await http.aclose()
-    not_attempted = list(run.not_attempted) + list(jobs)
-    new = [(job.i, res) for job, res in run.results]
-    out = ReplayResults([r for _, r in sorted(kept + new, key=lambda x: x[0])],
-                        not_attempted=[(j.state["state_id"], j.teacher["slug"]) for j in sorted(not_attempted, key=lambda j: j.i)],
-                        spent_usd=budget.spent, stopped=run.halted, from_journal=len(kept), bad_journal_lines=bad)
-    if out.not_attempted and run.halted == "budget":
-        _log.warning("max_total_usd=%g reached: %d call(s) over %d state(s) not attempted, from state %r on",
-                     max_total_usd, len(out.not_attempted), len(out.states_not_attempted), out.not_attempted[0][0])
-    if run.fatal is not None:
-        e, job = run.fatal
-        raise TeacherReplayError(f"{e}; run stopped: {out.summary()}" + (f" (journal: {journal})" if journal else ""),
-                                 status=e.status, teacher_slug=job.teacher["slug"], results=out)
-    return out
+            run.journal = jr = Journal(journal, scrub(header)) if journal is not None else None
+            if jr is not None and jr.error is not None: run.halted = "journal"   # not even the stamp could be written
+            if progress: run.pbar = pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call")
+            workers = [asyncio.ensure_future(run.worker(jobs)) for _ in range(min(max_concurrency, len(jobs)))]
+            everything = asyncio.gather(*workers)
+            try:
+                if stop is None: await everything
+                else:
+                    stopped = asyncio.ensure_future(stop.wait())
+                    try: await asyncio.wait([everything, stopped], return_when=asyncio.FIRST_COMPLETED)
+                    finally: stopped.cancel()
+                    if not everything.done():    # asked to stop: send nothing more, wait for the calls in flight and record them
+                        run.halted = run.halted or "interrupted"
+                        await budget.close()
+                        for w in workers: w.cancel()
+                        await asyncio.gather(everything, return_exceptions=True)
+                        await run.drain(timeout_s)
+            except asyncio.CancelledError:
+                # calls already sent have been paid for: let them finish and record them before giving up
+                # (unless this cancellation interrupts that very wait after a stop: then record them as interrupted at once)
+                again = run.halted == "interrupted"
+                run.halted = run.halted or "cancelled"
+                for w in workers: w.cancel()
+                await asyncio.gather(*workers, return_exceptions=True)
+                await run.drain(0 if again else timeout_s)
+                raise
+        finally:
+            if pbar is not None: run.show(); pbar.close()
+            try:
+                if jr is not None: jr.close()
+            except JournalWriteError as e: jerr = e   # raised below, with the results (they are paid for)
+            finally: await http.aclose()
+        not_attempted = list(run.not_attempted) + list(jobs)
+        new = [(job.i, res) for job, res in run.results]
+        out = ReplayResults([r for _, r in sorted(kept + new, key=lambda x: x[0])],
+                            not_attempted=[(j.state["state_id"], j.teacher["slug"]) for j in sorted(not_attempted, key=lambda j: j.i)],
+                            spent_usd=budget.spent, stopped=run.halted, from_journal=len(kept), bad_journal_lines=bad)
+        if out.not_attempted and run.halted == "budget":
+            _log.warning("max_total_usd=%g reached: %d call(s) over %d state(s) not attempted, from state %r on",
+                         max_total_usd, len(out.not_attempted), len(out.states_not_attempted), out.not_attempted[0][0])
+        if jerr is not None:
+            e = JournalWriteError(f"{redact(jerr)}; the run stopped before sending another call: {out.summary()}")
+            e.results = out
+            raise e
+        if run.fatal is not None:
+            e, job = run.fatal
+            raise TeacherReplayError(f"{e}; run stopped: {out.summary()}" + (f" (journal: {journal})" if journal else ""),
+                                     status=e.status, teacher_slug=job.teacher["slug"], results=out)
+        return out

@@ -80,12 +80,13 @@ def usage_charge(usage:Any, # the answer's `usage` field, as sent (anything)
                  max_completion:int, # most completion tokens (max_tokens)
                  absent:float, # USD to charge when there is no usage at all (need for a reply, 0 for an error)
                  reported_cost:Callable[[dict], Any]|None=None, # the cost a usage dict reports; default usage.get("cost")
+                 trust_reported_cost:bool=True, # False: price the token counts, ignore any reported cost
                 ) -> tuple[float, int, int, str|None]: # (USD to charge, prompt tokens, completion tokens, why not trusted)
     "What to charge for an answer's usage: its believable cost or token price, else the reserved worst case."
     if usage is None or usage == {}: return absent, 0, 0, "no usage"
     if not isinstance(usage, dict): return need, 0, 0, f"usage is {type_name(usage)}, not an object"
     raw_pt, raw_ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
-    c = reported_cost(usage) if reported_cost is not None else usage.get("cost")
+    c = None if not trust_reported_cost else reported_cost(usage) if reported_cost is not None else usage.get("cost")
     pt, ct = _count(raw_pt, max_prompt), _count(raw_ct, max_completion)
     for name, raw, v, hi in (("prompt_tokens", raw_pt, pt, max_prompt), ("completion_tokens", raw_ct, ct, max_completion)):
         if raw is not None and v is None:     # negative, fractional, NaN, a string, or more than the request could produce

@@ -5,60 +5,71 @@
 # %% ../../nbs/15c_teacher_replay.journal.ipynb #83194444
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
 import queue
 import threading
+try: import fcntl
+except ImportError: fcntl = None   # not POSIX
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from ..jsonl import JsonlAppender, JsonlStats, iter_jsonl
+from ..jsonl import JsonlAppender, JsonlStats, iter_jsonl, loads_line
 from ..ingestion.core import normalize_blocks
 from .protocol import TeacherCallResult, TeacherSpec, TraceState, type_name
 
 # %% auto #0
-__all__ = ['JOURNAL_TAG', 'Journal', 'scan_journal', 'read_journal', 'journal_header', 'check_journal_header']
+__all__ = ['JOURNAL_TAG', 'JournalWriteError', 'Journal', 'scan_journal', 'read_journal', 'JournalBusy', 'journal_lock',
+           'journal_header', 'check_journal_header', 'check_journal', 'is_journal']
 
 # %% ../../nbs/15c_teacher_replay.journal.ipynb #ffa98bdf
 JOURNAL_TAG = "composer_replication.teacher_replay journal"   # the `journal` field of a journal's header record
 
+class JournalWriteError(OSError):
+    "A journal write failed (a full disk, ...): what was not written is counted in the message."
+
 class Journal:
-    "Append-only JSONL journal on `jsonl.JsonlAppender`: a thread writes queued records and fsyncs them in groups."
+    "Append-only JSONL journal on `jsonl.JsonlAppender`: each record written and flushed when put, fsynced in groups by a thread."
     def __init__(self,
                  path:str|Path, # the journal; created (with its folders) if missing, appended to if not
                  header:dict|None=None, # written first (a new journal's stamp, see `journal_header`)
                 ):
         self.out = JsonlAppender(path)          # creates the parents; isolates a torn last line
-        self.path, self.q, self.error = self.out.path, queue.SimpleQueue(), None
-        self.thread = threading.Thread(target=self._run, name="replay-journal", daemon=True); self.thread.start()
+        self.path, self.error, self.lost = self.out.path, None, 0
+        self._dirty, self._stop = threading.Event(), False
+        self.thread = threading.Thread(target=self._sync, name="replay-journal", daemon=True); self.thread.start()
         if header is not None: self.put(header)
 
-    def put(self, rec:dict):
-        "Queue one record for writing (never blocks)."
-        self.q.put(rec)
+    def put(self, rec:dict) -> bool:
+        "Write one record now (one write, flushed, so a full disk is known at once); once a write failed, count it lost: False."
+        if self.error is not None: self.lost += 1; return False
+        try: self.out.write(rec)
+        except (OSError, TypeError, ValueError) as e: self.error = e; self.lost += 1; return False
+        self._dirty.set(); return True
 
-    def _run(self):
-        done = False
-        while not done:
-            batch = [self.q.get()]
-            while True:
-                try: batch.append(self.q.get_nowait())
-                except queue.Empty: break
-            if any(r is None for r in batch): done = True; batch = [r for r in batch if r is not None]
-            if not batch or self.error: continue
-            try:
-                for rec in batch: self.out.write(rec)
-                os.fsync(self.out.f.fileno())
-            except (OSError, TypeError) as e: self.error = e
+    def _sync(self):
+        "fsync after each group of writes (several results finishing together share one)."
+        while True:
+            self._dirty.wait(); self._dirty.clear()
+            if self.error is None:
+                try: os.fsync(self.out.f.fileno())
+                except (OSError, ValueError) as e: self.error = e
+            if self._stop: return
 
     def close(self):
-        "Write everything queued, then close; OSError if any write failed."
-        self.q.put(None); self.thread.join(); self.out.close()
-        if self.error: raise OSError(f"could not write the replay journal {self.path}: {self.error}")
+        "fsync and close; JournalWriteError if any write failed."
+        self._stop = True; self._dirty.set(); self.thread.join()
+        try: self.out.close()
+        except OSError as e: self.error = self.error or e
+        if self.error is not None:
+            raise JournalWriteError(f"could not write the replay journal {self.path}: {self.error}"
+                                    + (f" ({self.lost} record(s) not written)" if self.lost else ""))
+
 
 # %% ../../nbs/15c_teacher_replay.journal.ipynb #61bcb8b7
 def _row_problem(r):
@@ -102,6 +113,43 @@ def read_journal(path:str|Path, # a JSONL journal written by `replay_trace`
     rows, _, st = scan_journal(path)
     return rows, st.bad
 
+# %% ../../nbs/15c_teacher_replay.journal.ipynb #44d607d6
+class JournalBusy(RuntimeError):
+    "Another process holds the journal's lock (it is replaying into the same journal)."
+
+_HELD: dict[str, int] = {}   # lock files this process holds -> their descriptors
+
+@contextlib.contextmanager
+def journal_lock(path:str|Path, # the journal; the lock is `<path>.lock`
+                ):
+    "Hold the journal's OS lock (`flock` on `<path>.lock`) while the block runs; JournalBusy at once if another process has it."
+    lp = Path(str(path) + ".lock")
+    key = os.path.realpath(lp)
+    if key in _HELD: yield lp; return          # re-entrant within one process
+    lp.parent.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:                           # no flock (Windows): filelock's OS lock, same rules
+        from filelock import FileLock, Timeout
+        fl = FileLock(lp, timeout=0)
+        try: fl.acquire()
+        except Timeout: raise JournalBusy(f"{path} is in use by another replay: wait for it to end, or use another journal") from None
+        _HELD[key] = -1
+        try: yield lp
+        finally: del _HELD[key]; fl.release()
+        return
+    fd = os.open(lp, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.read(fd, 32).decode("ascii", "replace").strip()
+            raise JournalBusy(f"{path} is in use by another replay{f' (process {pid})' if pid.isdigit() else ''}: "
+                              "wait for it to end, or use another journal") from None
+        os.ftruncate(fd, 0); os.write(fd, f"{os.getpid()}\n".encode())
+        _HELD[key] = fd
+        try: yield lp
+        finally: del _HELD[key]
+    finally: os.close(fd)                        # closing the descriptor releases the lock
+
+
 # %% ../../nbs/15c_teacher_replay.journal.ipynb #d0642f10
 def journal_header(states:Sequence[TraceState], # the run's trace
                    teachers:Sequence[TeacherSpec], # the run's teachers
@@ -131,3 +179,33 @@ def check_journal_header(path:Any, # the journal (for the message)
         if diffs:
             raise ValueError(f"journal {path} belongs to another run ({'; '.join(diffs)}): pass another journal path, "
                              "or delete this file to start over")
+
+def check_journal(path:str|Path, # a journal, or where one would be written
+                  states:Sequence[TraceState], # the run's trace
+                  teachers:Sequence[TeacherSpec], # the run's teachers
+                 ) -> tuple[list[TeacherCallResult], list[dict], JsonlStats]: # `scan_journal`'s answer ([], [], empty stats if absent)
+    "Read the journal a run would resume from, refusing (ValueError) another run's journal or a file that is no journal; writes nothing."
+    path = Path(path)
+    if not path.exists(): return [], [], JsonlStats()
+    if not path.is_file(): raise ValueError(f"journal {path} is not a file")
+    rows, headers, st = scan_journal(path)
+    if not rows and not headers and st.bad > 1:      # (one bad line alone may be a header torn by a crash)
+        raise ValueError(f"{path} is not a replay journal ({st.bad} lines, none a journal record): it would not be appended to; "
+                         "pass another journal path")
+    check_journal_header(path, headers, journal_header(states, teachers))
+    return rows, headers, st
+
+def is_journal(path:str|Path, # any path
+              ) -> bool: # True when its first record is a journal header or a journal row
+    "Does `path` hold a replay journal (judged by its first record)? Commands refuse to write over one."
+    path = Path(path)
+    if not path.is_file(): return False
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if raw.strip():
+                    rec, why = loads_line(raw)
+                    return why is None and isinstance(rec, dict) and (rec.get("journal") == JOURNAL_TAG or
+                                                                      ("state_id" in rec and "teacher_slug" in rec))
+    except OSError: return False
+    return False

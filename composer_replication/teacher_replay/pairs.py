@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonl import JsonlStats, dumps_line, iter_jsonl, write_jsonl
-from ..ingestion.core import action_to_message, as_blocks, normalize_blocks
-from .protocol import (DPOPair, TeacherCallResult, TraceState, check_states, openai_messages,
-                                                          student_blocks, type_name)
+from ..ingestion.core import action_to_message, as_blocks, normalize_blocks, redact_secrets
+from .protocol import (DEFAULT_MAX_TOOL_CALLS, INVALID_ACTION, DPOPair, TeacherCallResult,
+    TraceState, action_problem, check_states, openai_messages, redact_blocks, redact_messages, state_tool_names, student_blocks, type_name)
 
 # %% auto #0
 __all__ = ['PAIR_KEYS', 'PAIR_ACTION_KEYS', 'action_key', 'extract_dpo_pairs', 'pair_problem', 'check_pair', 'pair_action',
@@ -49,21 +49,34 @@ def _result_blocks(r, i):
 def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_trace`
                       teacher_actions:Sequence[TeacherCallResult], # its results
                       agreement_threshold:int=2, # teachers that must agree for a pair
+                      *,
+                      max_tool_calls:int=DEFAULT_MAX_TOOL_CALLS, # an answer with more tool calls is no action (see `action_problem`)
+                      counts:dict|None=None, # if given, filled with the results' fate: ok, failed, invalid_action, other_trace
                      ) -> list[DPOPair]: # at most one per state, in trace order
-    "One DPO pair per state where >= `agreement_threshold` teachers agree on an action the student did not take."
+    "One DPO pair per state where >= `agreement_threshold` teachers agree on a well-formed action the student did not take."
     states = check_states(states)
     if isinstance(agreement_threshold, bool) or not isinstance(agreement_threshold, int) or agreement_threshold < 1:
         raise ValueError(f"agreement_threshold must be an int >= 1, got {agreement_threshold!r}")
     if isinstance(teacher_actions, (str, bytes, dict)) or not isinstance(teacher_actions, Sequence):
         raise TypeError(f"teacher_actions must be a sequence of TeacherCallResult dicts, got {type(teacher_actions).__name__}")
-    ids = {s["state_id"] for s in states}
+    by_id = {s["state_id"]: s for s in states}
+    c = counts if counts is not None else {}
+    for k in ("ok", "failed", "invalid_action", "other_trace"): c.setdefault(k, 0)
     votes: dict[str, dict[str, tuple[str, list[dict]]]] = defaultdict(dict)
     for i, r in enumerate(teacher_actions):
         if not isinstance(r, dict): raise TypeError(f"teacher_actions[{i}] must be a TeacherCallResult dict, got {type(r).__name__}")
         if not isinstance(r.get("state_id"), str):
             raise TypeError(f"teacher_actions[{i}]['state_id'] must be a str, got {type_name(r.get('state_id'))}")
-        if r.get("error") is None and isinstance(r.get("response_text"), str) and r.get("state_id") in ids:
-            votes[r["state_id"]][str(r.get("teacher_slug"))] = (r["response_text"], _result_blocks(r, i))
+        s = by_id.get(r["state_id"])
+        if s is None: c["other_trace"] += 1; continue
+        err = r.get("error")
+        if err is not None or not isinstance(r.get("response_text"), str):
+            c["invalid_action" if isinstance(err, str) and err.startswith(INVALID_ACTION) else "failed"] += 1; continue
+        blocks = _result_blocks(r, i)
+        if action_problem(blocks, max_tool_calls, state_tool_names(s)) is not None:   # (a journal from before the check)
+            c["invalid_action"] += 1; continue
+        c["ok"] += 1
+        votes[r["state_id"]][str(r.get("teacher_slug"))] = (redact_secrets(r["response_text"]), redact_blocks(blocks))
     pairs = []
     for s in states:
         groups: dict[tuple, list[tuple[str, str, list]]] = defaultdict(list)
@@ -72,12 +85,13 @@ def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_
             if k != ("text", ""): groups[k].append((slug, text, blocks))
         if not groups: continue
         key, members = min(groups.items(), key=lambda kv: (-len(kv[1]), repr(kv[0])))
-        student = student_blocks(s)
+        student = redact_blocks(student_blocks(s))
         if len(members) < agreement_threshold or key == action_key(student): continue
-        pairs.append(DPOPair(state_id=s["state_id"], state_messages=s["messages"], chosen=members[0][1],
-                             rejected=s["student_action"], n_teachers_agreeing=len(members),
+        pairs.append(DPOPair(state_id=s["state_id"], state_messages=redact_messages(s["messages"]), chosen=members[0][1],
+                             rejected=redact_secrets(s["student_action"]), n_teachers_agreeing=len(members),
                              chosen_action=members[0][2], rejected_action=student))
     return pairs
+
 
 # %% ../../nbs/15e_teacher_replay.pairs.ipynb #95743432
 _log = logging.getLogger(__name__)

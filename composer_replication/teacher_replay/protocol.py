@@ -5,34 +5,40 @@
 # %% ../../nbs/15a_teacher_replay.protocol.ipynb #df7bbe20
 from __future__ import annotations
 
+import base64
 import email.utils
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Sequence
-from typing import Any, Protocol, TypedDict, runtime_checkable
-from urllib.parse import urlparse
+from typing import Any, Callable, Protocol, TypedDict, runtime_checkable
+from urllib.parse import quote, urlparse
 
 import orjson
 
-from ..ingestion.core import as_blocks, parse_student_action, render_action
+from ..ingestion.core import as_blocks, parse_student_action, redact_json, redact_secrets, render_action
 from ..ingestion.claude_code import TraceState
 _all_ = ["TraceState"]   # re-exported: one definition, in the ingestion module
 
 # %% auto #0
-__all__ = ['DEFAULT_TEACHERS', 'DEFAULT_INSTRUCTION', 'RETRY_STATUSES', 'OPENROUTER_BASE_URL', 'TeacherSpec', 'TeacherCallResult',
-           'DPOPair', 'type_name', 'check_states', 'check_teachers', 'student_blocks', 'openai_messages', 'tool_specs',
-           'request_body', 'teacher_request', 'reply_blocks', 'render_reply', 'parse_reply', 'retry_after_s',
-           'check_base_url', 'check_api_key', 'Provider', 'OpenAICompatibleProvider', 'OpenRouterProvider',
-           'resolve_provider', 'TraceState']
+__all__ = ['DEFAULT_TEACHERS', 'DEFAULT_INSTRUCTION', 'DEFAULT_MAX_TOOL_CALLS', 'INVALID_ACTION', 'RETRY_STATUSES',
+           'OPENROUTER_BASE_URL', 'TeacherSpec', 'TeacherCallResult', 'DPOPair', 'type_name', 'check_states',
+           'check_teachers', 'student_blocks', 'openai_messages', 'tool_specs', 'request_body', 'teacher_request',
+           'reply_blocks', 'render_reply', 'parse_reply', 'state_tool_names', 'action_problem', 'redact_messages',
+           'redact_blocks', 'redact_state', 'key_scrubber', 'retry_after_s', 'check_base_url', 'check_api_key',
+           'Provider', 'OpenAICompatibleProvider', 'OpenRouterProvider', 'resolve_provider', 'TraceState']
 
 # %% ../../nbs/15a_teacher_replay.protocol.ipynb #adaabf7e
-class TeacherSpec(TypedDict):
-    "An OpenRouter model slug (or any server's model name) and its USD price per million tokens."
+class _TeacherSpecFields(TypedDict):
     slug: str
     input_per_mtok: float   # USD per 1M prompt tokens
     output_per_mtok: float  # USD per 1M completion tokens
+
+class TeacherSpec(_TeacherSpecFields, total=False):
+    "An OpenRouter model slug (or any server's model name) and its USD price per million tokens."
+    trust_reported_cost: bool   # default True; False: the budget prices the token counts and ignores `usage.cost` (prices the user gave)
 
 DEFAULT_TEACHERS: list[TeacherSpec] = [
     {"slug": "anthropic/claude-opus-4.7", "input_per_mtok": 5.0, "output_per_mtok": 25.0},
@@ -82,6 +88,8 @@ def check_states(states:Sequence[TraceState], # a frozen trace
             if not isinstance(s.get(k), t): raise ValueError(f"states[{i}][{k!r}] must be a {t.__name__}, got {type(s.get(k)).__name__}")
         if s.get("action") is not None and not isinstance(s["action"], list):
             raise ValueError(f"states[{i}]['action'] must be a list of content blocks or absent, got {type_name(s['action'])}")
+        if s.get("tools") is not None and (not isinstance(s["tools"], list) or not all(isinstance(t, dict) for t in s["tools"])):
+            raise ValueError(f"states[{i}]['tools'] must be a list of OpenAI function schemas or absent, got {type_name(s['tools'])}")
         if s["state_id"] in seen: raise ValueError(f"states[{i}]: duplicate state_id {s['state_id']!r}")
         seen.add(s["state_id"])
     return list(states)
@@ -99,6 +107,8 @@ def check_teachers(teachers:Sequence[TeacherSpec], # the teachers of a run
             v = t.get(k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or math.isinf(v):
                 raise ValueError(f"teachers[{i}][{k!r}] must be a finite price >= 0, got {v!r}")
+        if not isinstance(t.get("trust_reported_cost", True), bool):
+            raise ValueError(f"teachers[{i}]['trust_reported_cost'] must be a bool, got {type_name(t['trust_reported_cost'])}")
         if t["slug"] in slugs: raise ValueError(f"teachers[{i}]: duplicate slug {t['slug']!r}")
         slugs.add(t["slug"])
     return list(teachers)
@@ -250,6 +260,117 @@ def parse_reply(body:Any, # a chat-completions answer: bytes/str, or its decoded
     msg = ch[0]["message"]
     if not isinstance(msg, dict): raise TypeError(f"choices[0]['message'] must be a dict, got {type_name(msg)}")
     return reply_blocks(msg)
+
+# %% ../../nbs/15a_teacher_replay.protocol.ipynb #935865bc
+DEFAULT_MAX_TOOL_CALLS = 16    # tool calls one answer may make before it is not an action
+INVALID_ACTION = "invalid action: "   # how the error of a well-formed reply that is not an action begins
+_TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:\-]{0,127}")   # OpenAI's [A-Za-z0-9_-]{1,64}, plus MCP's "." and ":", up to 128
+
+def state_tool_names(state:TraceState, # one decision point
+                    ) -> set[str]|None: # the names of the state's `tools`; None when it carries none
+    "The tool names a state declares in `tools` (OpenAI `{'type': 'function', 'function': {'name'}}` or a bare `{'name'}`)."
+    tools = state.get("tools")
+    if tools is None: return None
+    names = set()
+    for t in tools:
+        fn = t.get("function") if isinstance(t.get("function"), dict) else t
+        if isinstance(fn.get("name"), str): names.add(fn["name"])
+    return names
+
+def action_problem(blocks:list[dict], # an answer as content blocks (`reply_blocks`)
+                   max_tool_calls:int=DEFAULT_MAX_TOOL_CALLS, # more tool calls than this: not an action
+                   tool_names:set[str]|None=None, # the tools the state has (`state_tool_names`); None: any identifier
+                  ) -> str|None: # what is wrong, or None for a well-formed action
+    "Why an answer is not a well-formed action: arguments not a JSON object, too many calls, a name that is no tool's."
+    calls = [b for b in blocks if b.get("type") == "tool_use"]
+    if len(calls) > max_tool_calls: return f"{len(calls)} tool calls, more than max_tool_calls={max_tool_calls}"
+    for i, b in enumerate(calls):
+        name, args = b.get("name"), b.get("input")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            return f"tool call {i}: the name {name!r:.60} is not a tool identifier"
+        if not isinstance(args, dict) or set(args) == {"_raw_arguments"}:
+            raw = args.get("_raw_arguments") if isinstance(args, dict) else args
+            return f"tool call {i} ({name}): the arguments are not a JSON object: {str(raw)!r:.80}"
+        if tool_names is not None and name not in tool_names:
+            return f"tool call {i}: {name!r} is not one of the state's {len(tool_names)} tools"
+    return None
+
+
+# %% ../../nbs/15a_teacher_replay.protocol.ipynb #7a190eeb
+def _redact_args(args, counts):
+    "Tool-call arguments redacted: a JSON string is parsed, redacted and re-serialised only when something changed."
+    if isinstance(args, str):
+        try: v = json.loads(args)
+        except (ValueError, RecursionError): return redact_secrets(args, counts)
+        r = redact_json(v, counts)
+        return args if r == v else json.dumps(r, ensure_ascii=False)
+    return redact_json(args, counts)
+
+def redact_messages(messages:Sequence[dict], # OpenAI-style messages
+                    counts:dict|None=None, # if given, counts[kind] += 1 for each secret replaced
+                   ) -> list[dict]: # copies, secrets replaced by [REDACTED:<kind>]
+    "Chat messages with the secrets in their content and tool-call arguments redacted (`redact_secrets`)."
+    out = []
+    for m in messages:
+        m = dict(m); c = m.get("content")
+        if isinstance(c, str): m["content"] = redact_secrets(c, counts)
+        elif isinstance(c, list): m["content"] = redact_json(c, counts)
+        if isinstance(m.get("tool_calls"), list):
+            m["tool_calls"] = [{**tc, "function": {**tc["function"], "arguments": _redact_args(tc["function"].get("arguments"), counts)}}
+                               if isinstance(tc, dict) and isinstance(tc.get("function"), dict) else tc for tc in m["tool_calls"]]
+        out.append(m)
+    return out
+
+def redact_blocks(blocks:Sequence[dict], # content blocks (an action)
+                  counts:dict|None=None, # if given, counts[kind] += 1 for each secret replaced
+                 ) -> list[dict]: # copies, secrets replaced by [REDACTED:<kind>]
+    "Content blocks with the secrets in text, thinking and tool inputs redacted."
+    out = []
+    for b in blocks:
+        b = dict(b)
+        for k in ("text", "thinking"):
+            if isinstance(b.get(k), str): b[k] = redact_secrets(b[k], counts)
+        if "input" in b: b["input"] = redact_json(b["input"], counts)
+        out.append(b)
+    return out
+
+def redact_state(state:TraceState, # one decision point
+                 counts:dict|None=None, # if given, counts[kind] += 1 for each secret replaced
+                ) -> TraceState: # a copy with its messages, action and tools redacted
+    "A state with every secret redacted again: messages, `student_action`, `action` and `tools`."
+    s = {**state, "messages": redact_messages(state["messages"], counts), "student_action": redact_secrets(state["student_action"], counts)}
+    for k in ("action", "tools"):
+        if s.get(k) is not None: s[k] = redact_json(s[k], counts)
+    return s
+
+def _b64_forms(raw:bytes):
+    "base64 of `raw` at each of the three alignments it can have inside a longer base64 string, cut to the stable part."
+    for pad in (b"", b"\0", b"\0\0"):
+        e = base64.b64encode(pad + raw).decode()
+        e = e[4:] if pad else e                      # the padding's characters (and the first of raw's) vary
+        e = e.rstrip("=")[:-4] if len(raw) > 8 else e.rstrip("=")
+        if len(e) >= 8:
+            yield e; yield e.replace("+", "-").replace("/", "_")
+
+def key_scrubber(key:str|None, # the API key of a run
+                 min_run:int=12, # also remove any run of this many consecutive characters of the key
+                ) -> Callable[[Any], Any]: # value -> a copy with every trace of the key replaced by "***"
+    "A function that removes `key` (exact, URL-, base64- and hex-encoded, or a run of `min_run` of its characters) from any JSON-like value."
+    if not key: return lambda v: v
+    forms = {key, quote(key, safe=""), key.encode().hex(), key.encode().hex().upper(), *_b64_forms(key.encode())}
+    if len(key) > min_run: forms |= {key[i:i + min_run] for i in range(len(key) - min_run + 1)}
+    src = "(?:" + "|".join(re.escape(f) for f in sorted(forms, key=len, reverse=True)) + ")+"
+    try:
+        import re2
+        rx = re2.compile(src)
+    except ImportError: rx = re.compile(src)
+    def scrub(v):
+        if isinstance(v, str): return rx.sub("***", v)
+        if isinstance(v, dict): return {scrub(k): scrub(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)): return [scrub(x) for x in v]
+        return v
+    return scrub
+
 
 # %% ../../nbs/15a_teacher_replay.protocol.ipynb #0701c9e9
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})

@@ -15,7 +15,7 @@ from typing import Any, Iterable, Iterator
 import orjson
 
 # %% auto #0
-__all__ = ['JsonlStats', 'loads_line', 'iter_jsonl', 'read_jsonl', 'dumps_line', 'write_jsonl', 'JsonlAppender']
+__all__ = ['MAX_DEPTH', 'JsonlStats', 'loads_line', 'iter_jsonl', 'read_jsonl', 'dumps_line', 'write_jsonl', 'JsonlAppender']
 
 # %% ../nbs/08_jsonl.ipynb #97f9e5ff
 @dataclass
@@ -42,16 +42,35 @@ class JsonlStats:
         return s
 
 # %% ../nbs/08_jsonl.ipynb #04b241bf
+MAX_DEPTH = 256  # arrays/objects inside each other that a record may have: real records nest a dozen levels; deeper ones are bad lines (recursive code downstream could not walk them)
+
+def _too_deep(rec, limit:int) -> bool:
+    "Whether `rec` nests containers more than `limit` deep (an explicit stack: no recursion)."
+    stack = [(rec, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict): v = v.values()
+        elif not isinstance(v, list): continue
+        if d > limit: return True
+        stack.extend((x, d + 1) for x in v if isinstance(x, (dict, list)))
+    return False
+
 def loads_line(raw:bytes|str, # one line, without or with its newline
+               max_depth:int=MAX_DEPTH, # deeper nesting makes the line bad
               )->tuple[Any, str|None]: # (the parsed value, None) or (None, why it is bad)
     "Parse one JSONL line with orjson (json decides what orjson refuses but Python's json reads, e.g. NaN); never raises."
     if isinstance(raw, str): raw = raw.encode("utf-8", "surrogatepass")
-    try: return orjson.loads(raw), None
+    deep = f"nested deeper than {max_depth} levels"
+    try: rec = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
+        if "depth limit" in str(e): return None, deep   # orjson stops at 1024 levels: never hand such a line to json's recursive parser
         try: text = raw.decode("utf-8")
         except UnicodeDecodeError: return None, "not UTF-8"
-        try: return json.loads(text), None
-        except (json.JSONDecodeError, RecursionError): return None, f"not JSON ({str(e).split(':')[0]})"
+        try: rec = json.loads(text)
+        except json.JSONDecodeError: return None, f"not JSON ({str(e).split(':')[0]})"
+        except RecursionError: return None, deep
+    if raw.count(b"[") + raw.count(b"{") > max_depth and _too_deep(rec, max_depth): return None, deep  # the count is a fast bound on the depth
+    return rec, None
 
 def iter_jsonl(path:str|Path, # a JSONL file
                stats:JsonlStats|None=None, # filled in while reading (pass one to see the counts)
@@ -88,6 +107,7 @@ def dumps_line(rec:Any, # a JSON-serialisable value
     except TypeError:
         try: return json.dumps(rec, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
         except (TypeError, ValueError) as e: raise TypeError(f"record is not JSON-serialisable: {e}") from None
+        except RecursionError: raise TypeError("record is not JSON-serialisable: nested too deeply") from None
 
 def write_jsonl(path:str|Path, # the file to (re)write; parent folders are created
                 records:Iterable, # values to write, one per line

@@ -175,3 +175,44 @@ def test_mock_manager_drives_torchft_diloco_bucketized(tmp_path):
     for p0, p1, l0, l1 in zip(res[0][0], res[1][0], *local):
         assert torch.equal(p0, p1)
         torch.testing.assert_close(p0, ((l0.double() + l1.double()) / 2).float(), atol=1e-6, rtol=0)
+
+
+def test_reused_rendezvous_never_mixes_runs(tmp_path):
+    "Issue 22: a stale peer file of an earlier run in a reused folder is never averaged (run ids from the executor's launch id)."
+    rdv = tmp_path / "rdv"
+    stale = rdv / "round_000000"; stale.mkdir(parents=True)   # an earlier run without an id left rank 1's round-0 file
+    import safetensors.torch as sft
+    sft.save_file({"tensor": torch.full((2,), 1000.0)}, str(stale / "rank_0001.safetensors"),
+                  metadata={"format": "composer_replication.allreduce/1", "run": "", "round": "0", "rank": "1", "world_size": "2", "name": "tensor"})
+    res = run_ranks(lambda k: ObjectStoreAllReduce(rdv, k, 2, run_id="live", poll_interval_s=0.01, timeout_s=30).allreduce(torch.full((2,), float(k))), 2)
+    for r in res: assert torch.equal(r, torch.full((2,), 0.5)), r   # the live run's two values, not the stale 1000
+    # the same folder without a run id: the round-0 file of another rank cannot be told apart, but a later round's can
+    (rdv / "round_000003").mkdir(); sft.save_file({"tensor": torch.zeros(2)}, str(rdv / "round_000003" / "rank_0000.safetensors"))
+    res = run_ranks(lambda k: ObjectStoreAllReduce(rdv, k, 2, poll_interval_s=0.01, timeout_s=5).allreduce(torch.ones(2)), 2)
+    for e in res: assert isinstance(e, ValueError) and "holds files of an earlier run (" in str(e) and "round_000003/rank_0000.safetensors" in str(e), e
+    # two launches of the executor into one folder: each meets under its own launch id and both train the same weights
+    ex = LocalProcessExecutor(); results = []
+    for _ in range(2):
+        hs = ex.launch_replicas(2, ENTRY, {"rendezvous_uri": str(tmp_path / "shared"), "world_size": 2, "trainer_module": "diloco_helpers",
+                                           "trainer_fn": "linear_trainer", "store_kwargs": {"timeout_s": 60, "poll_interval_s": 0.02}}, timeout=300)
+        try: rs = ex.collect(hs, timeout=300)
+        finally:
+            for h in hs: ex.cancel(h)
+        assert [r["status"] for r in rs] == ["succeeded"] * 2, [r["error"] for r in rs]
+        results.append(rs[0]["result"])
+    names = sorted(p.name for p in (tmp_path / "shared").iterdir())
+    assert len(names) == 2 and all(n.startswith("run_") for n in names), names   # one folder per launch
+    for n in results[0]: assert torch.equal(results[0][n], results[1][n])
+
+
+def test_non_finite_peer_values_are_refused(tmp_path):
+    "Issue 22: NaN or inf from a peer is a ValueError naming that peer on every rank, never an average."
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        vals = [torch.ones(4), torch.tensor([1.0, 2.0, bad, 4.0])]
+        res = run_ranks(lambda k: ObjectStoreAllReduce(tmp_path / f"r{bad}", k, 2, poll_interval_s=0.01, timeout_s=30).allreduce(vals[k].clone()), 2)
+        assert isinstance(res[0], ValueError) and "rank 1 posted 'tensor' with non-finite values" in str(res[0]), res[0]
+        assert isinstance(res[1], ValueError) and "rank 1 (this replica)" in str(res[1]), res[1]
+    # through MockManager as torchft's DiLoCo calls it: a bf16 parameter with a NaN stops the sync
+    m = MockManager(ObjectStoreAllReduce(tmp_path / "one", 0, 1))
+    try: m.allreduce(torch.tensor([0.0, float("nan")], dtype=torch.bfloat16)); raise AssertionError("accepted")
+    except ValueError as e: assert "1 NaN, 0 inf of 2" in str(e)

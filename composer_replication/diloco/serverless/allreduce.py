@@ -22,6 +22,8 @@ __all__ = ['ObjectStoreAllReduce', 'MockManager', '_ImmediateWork']
 _CHUNK = 1 << 16  # elements per accumulation chunk: the float64 accumulator stays in cache
 _FORMAT = "composer_replication.allreduce/1"  # written into every file's safetensors metadata
 _RANK_FILE = re.compile(r"rank_(\d{4,})\.safetensors")
+_ROUND_DIR = re.compile(r"round_(\d{6,})")
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # what a run id may be: it becomes a folder name
 _BACKENDS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs", "abfss": "adlfs", "hf": "huggingface_hub"}
 
 def _filesystem(uri:str, storage_options:dict|None):
@@ -50,6 +52,13 @@ def _header(data:bytes, # the file's bytes, or at least its first 8 + header-len
     return hdr
 
 # %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #5bbf66a9
+def _check_finite(t:torch.Tensor, what:str):
+    "Refuse a tensor holding NaN or inf: one replica's blow-up must not be averaged into every replica's weights."
+    bad = ~torch.isfinite(t)
+    if bool(bad.any()):
+        n_nan = int(torch.isnan(t).sum())
+        raise ValueError(f"{what} with non-finite values ({n_nan} NaN, {int(bad.sum()) - n_nan} inf of {t.numel()}): refusing to average them")
+
 class ObjectStoreAllReduce:
     "Average a tensor across `world_size` replicas through safetensors files in an fsspec store; one round per call."
     backoff: float = 1.5  # growth of the wait between checks for peers' files (from 1 ms up to poll_interval_s)
@@ -62,6 +71,7 @@ class ObjectStoreAllReduce:
                  timeout_s:float=1800.0, # how long one round waits for its peers before `TimeoutError`
                  poll_interval_s:float=1.0, # cap of the back-off between checks for peers' files (starts at 1 ms)
                  storage_options:dict|None=None, # extra fsspec options (credentials, `endpoint_url`, ...)
+                 run_id:str|None=None, # this run's id, the same on every replica (executors pass their launch id): files live under `run_<id>/` and carry it
                 ):
         if isinstance(uri, os.PathLike): uri = os.fspath(uri)
         if not isinstance(uri, str) or not uri: raise TypeError(f"uri must be a non-empty string or path, got {uri!r}")
@@ -73,11 +83,15 @@ class ObjectStoreAllReduce:
             raise ValueError(f"round_id must be None or an int >= 0, got {round_id!r}")
         for nm, v in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s)):
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0: raise ValueError(f"{nm} must be a number > 0, got {v!r}")
+        if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
+            raise ValueError(f"run_id must be None or 1-64 letters, digits, '_', '-' or '.' (starting with a letter or digit), got {run_id!r:.80}")
         from fsspec.implementations.local import LocalFileSystem
         self.uri = uri if uri.endswith("/") else uri + "/"
         self.rank, self.world_size = rank, world_size
         self.timeout_s, self.poll_interval_s = float(timeout_s), float(poll_interval_s)
+        self.run_id, self._fresh = run_id, round_id is None  # a fresh start checks the store for an earlier run's files before its first post
         self.fs, self._root = _filesystem(self.uri, storage_options)
+        if run_id is not None: self._root += f"/run_{run_id}"
         self._local = isinstance(self.fs, LocalFileSystem)
         self._round_counter = 0 if round_id is None else round_id
         self.bytes_written = self.bytes_read = 0
@@ -88,7 +102,9 @@ class ObjectStoreAllReduce:
         "The round the next `allreduce` call takes part in."
         return self._round_counter
 
-    def __repr__(self): return f"ObjectStoreAllReduce({self.uri!r}, rank={self.rank}, world_size={self.world_size}, round_id={self._round_counter})"
+    def __repr__(self):
+        run = f", run_id={self.run_id!r}" if self.run_id is not None else ""
+        return f"ObjectStoreAllReduce({self.uri!r}, rank={self.rank}, world_size={self.world_size}, round_id={self._round_counter}{run})"
 
     def _round_dir(self, r:int) -> str: return f"{self._root}/round_{r:06d}"
     def _rank_path(self, r:int, k:int) -> str: return f"{self._round_dir(r)}/rank_{k:04d}.safetensors"
@@ -112,16 +128,25 @@ class ObjectStoreAllReduce:
             self.fs.pipe_file(path, data)  # a single PUT: object stores publish it whole or not at all
         self.bytes_written += n
 
+    def _names(self, d:str) -> list[str]:
+        "The entries of folder `d` (none when it does not exist)."
+        try:
+            if self._local: return os.listdir(d)
+            self.fs.invalidate_cache(d)  # listings are cached by some backends (s3fs)
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
+        except FileNotFoundError: return []
+
     def _posted(self, r:int) -> set[int]:
         "Ranks whose file for round `r` exists now."
-        d = self._round_dir(r)
-        try:
-            if self._local: names = os.listdir(d)
-            else:
-                self.fs.invalidate_cache(d)  # listings are cached by some backends (s3fs)
-                names = [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
-        except FileNotFoundError: return set()
-        return {int(m.group(1)) for n in names if (m := _RANK_FILE.fullmatch(n))}
+        return {int(m.group(1)) for n in self._names(self._round_dir(r)) if (m := _RANK_FILE.fullmatch(n))}
+
+    def _check_fresh(self):
+        "Before a fresh start's first post: no peer of this run can be past round 0 yet, and nobody but this rank writes its file, so such files are an earlier run's."
+        stale = sorted(f"{d}/{n}" for d in self._names(self._root) if (m := _ROUND_DIR.fullmatch(d))
+                       for n in self._names(f"{self._root}/{d}") if _RANK_FILE.fullmatch(n) and (int(m.group(1)) > 0 or n == f"rank_{self.rank:04d}.safetensors"))
+        if stale:
+            raise ValueError(f"{self._root}/ holds files of an earlier run ({', '.join(stale[:3])}{' …' if len(stale) > 3 else ''}): "
+                             "their values would be averaged into this one; use a fresh rendezvous uri, a new run_id, or round_id= to resume")
 
     def _fetch(self, r:int, k:int, key:str, mine:torch.Tensor) -> torch.Tensor:
         "Read and check rank `k`'s tensor for round `r`."
@@ -137,13 +162,14 @@ class ObjectStoreAllReduce:
             data = self.fs.cat_file(path); size = len(data); load = lambda: st.load(data)
         self.bytes_read += size
         meta = _header(data, where, size).get("__metadata__") or {}
-        want = {"format": _FORMAT, "round": str(r), "rank": str(k), "world_size": str(self.world_size), "name": key}
+        want = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(k), "world_size": str(self.world_size), "name": key}
         bad = {f: (meta.get(f), v) for f, v in want.items() if meta.get(f) != v}
         if bad: raise ValueError(f"{where} does not belong to this all-reduce: " + ", ".join(f"{f}={got!r} (expected {exp!r})" for f, (got, exp) in bad.items()))
         try: t = load()[key]
         except Exception as e: raise ValueError(f"{where} is not a readable safetensors file: {e}") from None
         if t.shape != mine.shape or t.dtype != mine.dtype:
             raise ValueError(f"round {r}: rank {k} posted '{key}' with shape {tuple(t.shape)} {t.dtype}, but rank {self.rank} has shape {tuple(mine.shape)} {mine.dtype}")
+        _check_finite(t, f"round {r}: rank {k} posted '{key}'")
         return t
 
     def _gather(self, r:int, key:str, mine:torch.Tensor) -> dict[int, torch.Tensor]:
@@ -187,8 +213,10 @@ class ObjectStoreAllReduce:
         if not isinstance(key, str) or not key: raise ValueError(f"name must be a non-empty string, got {name!r}")
         r, W = self._round_counter, self.world_size
         mine = tensor.detach().cpu().contiguous()
-        meta = {"format": _FORMAT, "round": str(r), "rank": str(self.rank), "world_size": str(W), "name": key}
-        self._put(self._rank_path(r, self.rank), {key: mine}, meta)
+        meta = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(self.rank), "world_size": str(W), "name": key}
+        if self._fresh: self._check_fresh(); self._fresh = False
+        self._put(self._rank_path(r, self.rank), {key: mine}, meta)  # posted even when non-finite, so every peer refuses it too
+        _check_finite(mine, f"round {r}: rank {self.rank} (this replica) has '{key}'")
         parts = self._gather(r, key, mine)
         out = tensor.detach()
         direct = out.device.type == "cpu" and out.is_contiguous()  # write the result straight into the tensor

@@ -71,7 +71,7 @@ def _attr(mod, name:str, what:str) -> Callable[..., Any]:
     return f
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #03862e5c
-def _replica_main(rank:int, rank_env:str, entrypoint:Any, kwargs:dict, log_path:str, conn:Any):
+def _replica_main(rank:int, rank_env:str, entrypoint:Any, kwargs:dict, log_path:str, conn:Any, launch:str|None=None):
     "Body of one replica process (spawned): redirect output, set the rank, run the entry point, report."
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1); os.dup2(fd, 2); os.close(fd)
@@ -80,6 +80,7 @@ def _replica_main(rank:int, rank_env:str, entrypoint:Any, kwargs:dict, log_path:
         except Exception: pass
     if hasattr(os, "setpgrp"): os.setpgrp()  # own process group: cancel() stops the replica's children too
     os.environ[rank_env] = str(rank)
+    if launch: os.environ["COMPOSER_LAUNCH_ID"] = launch  # one id per launch: the replicas' all-reduce run id (`replica_entrypoint.main`)
     code = 0
     try:
         result = resolve_entrypoint(entrypoint)(**kwargs)
@@ -176,7 +177,7 @@ class LocalProcessExecutor:
         for rank in range(n_replicas):
             log_path = str(self.log_dir / f"{launch}-rank{rank}.log")
             reader, writer = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_replica_main, args=(rank, rank_env, entrypoint, kwargs, log_path, writer),
+            proc = self._ctx.Process(target=_replica_main, args=(rank, rank_env, entrypoint, kwargs, log_path, writer, launch),
                                      name=f"replica-{launch}-{rank}", daemon=False)
             proc.start(); writer.close()  # the child holds the only write end: EOF when it dies
             h = ReplicaHandle(rank, self.backend_name, {"pid": proc.pid, "start_ts": time.time(), "log_path": log_path, "key": f"{launch}/{rank}"})

@@ -22,10 +22,12 @@ def modal_replica_main(entrypoint:str, # 'module', 'module.function' or 'module:
                        rank:int, # this replica's rank
                        rank_env:str="REPLICA_RANK", # variable that receives the rank
                        world_size:int|None=None, # also exported as $WORLD_SIZE when given
+                       launch_id:str|None=None, # exported as $COMPOSER_LAUNCH_ID when given: the replicas' all-reduce run id
                       ) -> Any:
     "Body of the Modal function: put the rank in the environment, call the entry point, return its result."
     os.environ[rank_env] = str(rank)
     if world_size is not None: os.environ["WORLD_SIZE"] = str(world_size)
+    if launch_id is not None: os.environ["COMPOSER_LAUNCH_ID"] = launch_id
     return resolve_entrypoint(entrypoint)(**kwargs)
 
 def define_replica_function(app:Any, # a `modal.App`
@@ -95,7 +97,7 @@ class ModalExecutor:
         launch = uuid.uuid4().hex[:8]; handles: list[ReplicaHandle] = []
         try:
             for rank in range(n_replicas):
-                call = fn.spawn(ep, kwargs, rank, rank_env, n_replicas)
+                call = fn.spawn(ep, kwargs, rank, rank_env, n_replicas, launch)
                 key = f"{launch}/{rank}"
                 self._calls[key] = {"call": call, "status": "running", "result": None, "error": None}
                 handles.append(ReplicaHandle(rank, self.backend_name, {"function_call_id": call.object_id, "key": key, "gpu": gpu, "start_ts": time.time()}))

@@ -20,11 +20,12 @@ from .. import make_diloco_outer_loop
 from .allreduce import MockManager, ObjectStoreAllReduce
 
 # %% auto #0
-__all__ = ['REPLICA_SPEC_FIELDS', 'main', 'train_tiny_replica', 'check_replica_spec', 'build_replica_trainer',
+__all__ = ['RUN_ID_ENV', 'REPLICA_SPEC_FIELDS', 'main', 'train_tiny_replica', 'check_replica_spec', 'build_replica_trainer',
            'train_composer_replica', 'replica_spec_from_recipe', 'torchft_manager', 'run_torchft_replica', 'cli']
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #c2d72ca3
 _RESERVED = ("manager", "rank", "world_size")  # keyword arguments main() supplies itself
+RUN_ID_ENV = "COMPOSER_LAUNCH_ID"  # set by every executor to its launch id; main() makes it the all-reduce's run_id (store_kwargs["run_id"] wins)
 
 def main(rendezvous_uri:str, # fsspec URI or path where the replicas meet (fresh per run)
          world_size:int, # number of replicas
@@ -32,7 +33,7 @@ def main(rendezvous_uri:str, # fsspec URI or path where the replicas meet (fresh
          trainer_fn:str="train", # its name; called as fn(**trainer_kwargs, manager=, rank=, world_size=)
          trainer_kwargs:Mapping[str, Any]|None=None, # extra keyword arguments for the training function
          *,
-         store_kwargs:Mapping[str, Any]|None=None, # passed to ObjectStoreAllReduce (timeout_s, poll_interval_s, round_id, storage_options)
+         store_kwargs:Mapping[str, Any]|None=None, # passed to ObjectStoreAllReduce (timeout_s, poll_interval_s, round_id, storage_options, run_id; run_id defaults to $COMPOSER_LAUNCH_ID)
          rank_env:str="REPLICA_RANK", # environment variable that holds this replica's rank
         ) -> Any:
     "Run one replica: rank from `$REPLICA_RANK`, rendezvous through the object store, then `trainer_module.trainer_fn(...)`; return its result."
@@ -48,7 +49,9 @@ def main(rendezvous_uri:str, # fsspec URI or path where the replicas meet (fresh
     if clash: raise ValueError(f"trainer_kwargs must not set {clash}: main() passes them")
     fn = getattr(importlib.import_module(trainer_module), trainer_fn, None)
     if not callable(fn): raise ValueError(f"trainer module {trainer_module!r} has no callable {trainer_fn!r}")
-    store = ObjectStoreAllReduce(rendezvous_uri, rank, world_size, **dict(store_kwargs or {}))
+    skw = dict(store_kwargs or {})
+    if skw.get("run_id") is None and os.environ.get(RUN_ID_ENV): skw["run_id"] = os.environ[RUN_ID_ENV]  # the executor's launch id: one per run
+    store = ObjectStoreAllReduce(rendezvous_uri, rank, world_size, **skw)
     return fn(**kwargs, manager=MockManager(store), rank=rank, world_size=world_size)
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #f96d6308

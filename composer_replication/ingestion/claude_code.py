@@ -10,8 +10,8 @@ from typing import Iterator
 import orjson
 from ..jsonl import JsonlAppender, loads_line
 from .core import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, make_ingester, normalize_blocks,
-    parse_student_action, record_format, redact_json, redact_secrets, render_action, TraceSourceBase)
+    SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, is_tool_name, make_ingester,
+    normalize_blocks, parse_student_action, record_format, redact_json, redact_secrets, render_action, tool_schemas_from_names, TraceSourceBase)
 _all_ = ["SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # re-exported from ingestion.core: they were defined here before it
 
@@ -53,8 +53,9 @@ def _content_text(c):
 
 class _Trace:
     "History and open turn of one conversation (a session, or one subagent transcript)."
-    def __init__(self, ing, st, stem):
+    def __init__(self, ing, st, stem, tools=None):
         self.ing, self.st, self.stem, self.idx = ing, st, stem, 0
+        self.tools = tools  # the file's tool schemas (the same list on every state), or None
         self.closed, self.seen_users = set(), set()  # message ids emitted; (timestamp, content) of user records committed
         self.agent = None  # [sessionId, agentId] of a subagent transcript: where to look up its Task prompt
         self._reset()
@@ -143,6 +144,7 @@ class _Trace:
             st = self.st
             state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks),
                                action=normalize_blocks(blocks))
+            if self.tools: state["tools"] = self.tools
             self.idx += 1
             st.n_assistant_turns += 1
             for b in blocks:
@@ -236,8 +238,9 @@ class ClaudeCodeIngester(TraceSourceBase):
             if not p.name.startswith("agent-"):
                 for f in _subagent_files(p, sessions): yield from self._file(f, st, set())  # counted only when skipped
             return
-        for f in sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f)):  # sessions before subagents
-            if f.is_file(): yield from self._file(f, st, set())
+        files = [f for f in sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f)) if f.is_file()]  # sessions before subagents
+        stems = _folder_stems(p, files)
+        for f in files: yield from self._file(f, st, set(), stems[f])
 
     def _task_prompt(self, sid, aid, fp=None):
         "The prompt a parent session's Task call gave subagent `aid`; the parent file is read for it when not yet seen."
@@ -257,7 +260,7 @@ class ClaudeCodeIngester(TraceSourceBase):
         if t == "tool_use": return {**b, "input": redact_json(b.get("input", {}), c)}
         return b
 
-    def _file(self, fp, st, sessions):
+    def _file(self, fp, st, sessions, stem=None):
         "Stream the states of one JSONL file."
         agent_file = fp.name.startswith("agent-")
         if agent_file and self.skip_sidechain: st.skipped_subagent_files += 1; return
@@ -267,14 +270,15 @@ class ClaudeCodeIngester(TraceSourceBase):
             if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
             fmt = record_format(loads_line(first)[0]) if first else None
             if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
-            yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f)
+            tools = tool_schemas_from_names(_tool_names(fp, self.skip_sidechain))
+            yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f, stem or fp.stem, tools)
         self._scanned.add(fp)
 
-    def _records(self, fp, st, sessions, lines):
+    def _records(self, fp, st, sessions, lines, stem, tools):
         "Stream the states of one JSONL file from its lines."
         agent_file = fp.name.startswith("agent-")
         st.n_files += 1
-        main = _Trace(self, st, fp.stem)
+        main = _Trace(self, st, stem, tools)
         if agent_file: main.agent = [None, fp.stem[len("agent-"):], fp]
         side, roots, uuids, summaries, seen_versions = {}, {}, set(), [], set()
         calls, prompts = {}, self._prompts
@@ -311,7 +315,7 @@ class ClaudeCodeIngester(TraceSourceBase):
                 if isinstance(uid, str): roots[uid] = key
                 last_side = key
                 if key not in side:
-                    side[key] = _Trace(self, st, f"{fp.stem}.sidechain{len(side) + 1}")
+                    side[key] = _Trace(self, st, f"{stem}.sidechain{len(side) + 1}", tools)
                     aid = rec.get("agentId")
                     if isinstance(aid, str): side[key].agent = [sid if isinstance(sid, str) else None, aid, None]
                 tr = side[key]
@@ -353,6 +357,25 @@ class ClaudeCodeIngester(TraceSourceBase):
         elif _MIN_VERSION <= t <= _MAX_VERSION: return
         else: msg = f"{fp.name}: Claude Code version {v} is outside the versions checked (1.0.98-2.1.39); the format may differ"
         if msg not in st.version_warnings: st.version_warnings.append(msg)
+
+def _folder_stems(root, files):
+    "The state-id stem of each file of a folder: its name without `.jsonl`, or its path under `root` when two files share that name."
+    n = {}
+    for f in files: n[f.stem] = n.get(f.stem, 0) + 1
+    return {f: f.stem if n[f.stem] == 1 else f.relative_to(root).with_suffix("").as_posix() for f in files}
+
+def _tool_names(fp, skip_sidechain):
+    "Names of the tools the assistant called in one file: a pre-pass over the lines that hold a tool_use block."
+    names = set()
+    with open(fp, "rb") as f:
+        for raw in f:
+            if b'"tool_use"' not in raw: continue
+            rec = loads_line(raw)[0]
+            if not isinstance(rec, dict) or rec.get("type") != "assistant" or (skip_sidechain and rec.get("isSidechain") is True): continue
+            m = rec.get("message"); c = m.get("content") if isinstance(m, dict) else None
+            for b in c if isinstance(c, list) else ():
+                if isinstance(b, dict) and b.get("type") == "tool_use" and is_tool_name(b.get("name")): names.add(b["name"])
+    return names
 
 def _subagent_files(session, session_ids):
     "Subagent files of one session: <stem>/subagents/agent-*.jsonl (2.1.x) and agent-*.jsonl beside it with its sessionId (2.0.x)."
@@ -401,6 +424,19 @@ def _first_session_id(fp, max_lines=50):
     return None
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #3a142b2e
+def _input_at(src, out):
+    "The input file that `out` is (the same file by any path: a symlink, another spelling, a hard link), or None."
+    o, sp = Path(out), Path(src)
+    try:
+        if not o.exists() or not sp.exists(): return None
+        if o.is_dir(): return None
+        if sp.is_file(): return str(src) if os.path.samefile(o, sp) else None
+        ro = o.resolve()
+        for f in sp.rglob("*.jsonl"):
+            if f.is_file() and (f.resolve() == ro or os.path.samefile(f, o)): return str(f)
+    except OSError: return None
+    return None
+
 def ingest_command(src:str, # a session .jsonl file or a folder of them
                    out:str, # where to write the TraceStates, one JSON object per line
                    *, skip_sidechain:bool=True, # skip subagent transcripts
@@ -411,6 +447,8 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
     "CLI body: ingest `src` and write its TraceStates to `out` as JSONL; print a stats summary."
     from tqdm import tqdm
     def fail(msg): print(f"error: {msg}", file=sys.stderr); return 2
+    if (hit := _input_at(src, out)) is not None:  # before anything is read or written
+        return fail(f"--out {str(out)!r} is the input {hit!r}: refusing to overwrite a session log; choose another --out")
     try: ing = make_ingester(source, path=src, fallback="claude-code", skip_sidechain=skip_sidechain, redact_secrets=redact)
     except (FileNotFoundError, ValueError, TypeError) as e: return fail(str(e))
     try: states = ing.ingest(Path(src))

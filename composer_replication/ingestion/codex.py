@@ -10,7 +10,8 @@ from typing import Iterator
 import orjson
 from ..jsonl import loads_line
 from .core import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, normalize_blocks, redact_json, redact_secrets, render_action, TraceSourceBase)
+    SYSTEM_PROMPT, IngestionStats, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action,
+    tool_schemas_from_names, TraceSourceBase)
 
 # %% auto #0
 __all__ = ['parse_tool_output', 'is_injected_context', 'CodexIngester']
@@ -73,7 +74,7 @@ _ENVELOPE = frozenset({"session_meta", "response_item", "compacted", "turn_conte
 _ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
                          "custom_tool_call_output", "local_shell_call", "web_search_call", "ghost_snapshot",
                          "compaction", "compaction_summary"})
-_COPIES = frozenset({"user_message", "agent_message", "agent_reasoning", "agent_reasoning_raw_content"})
+_COPIES = frozenset({"agent_message", "agent_reasoning", "agent_reasoning_raw_content"})  # user_message: see `_Rollout.prompt`
 _TURN_END = frozenset({"task_complete", "turn_aborted"})
 _MIN_VERSION, _MAX_VERSION = (0, 40, 0), (0, 128, 10**6)
 _BOM = b"\xef\xbb\xbf"
@@ -89,8 +90,10 @@ def _dumps(o):
 
 class _Rollout:
     "History, open turn and pending inputs of one rollout file."
-    def __init__(self, ing, st, stem):
+    def __init__(self, ing, st, stem, tools=None):
         self.ing, self.st, self.stem, self.idx = ing, st, stem, 0
+        self.tools = tools  # the rollout's tool schemas (the same list on every state), or None
+        self.unmatched = {"item": {}, "event": {}}  # prompt text -> prompts seen on one side (response_item / event_msg) only
         self.n_synth = 0  # synthetic call ids handed out
         self.exit_codes = {}  # call_id -> exit code from exec_command_end / patch_apply_end events
         self._reset()
@@ -119,6 +122,13 @@ class _Rollout:
         if self.turn is None: self._commit(m, prompt); return
         self.msgs.append((m, prompt)); self.answered = True
 
+    def prompt(self, text, side):
+        "A user prompt from a response_item ('item') or an event_msg/user_message ('event'): False when it is the other side's copy."
+        key = text.strip(); other = self.unmatched["event" if side == "item" else "item"]
+        if other.get(key): other[key] -= 1; return False  # the same prompt, already taken from the other record
+        mine = self.unmatched[side]; mine[key] = mine.get(key, 0) + 1
+        return True
+
     def output(self, call_id, output):
         "A tool output: kept for its call in the open response; otherwise an orphan."
         ids = {b["id"] for b in self.turn if b["type"] == "tool_use"} if self.turn else ()
@@ -140,6 +150,7 @@ class _Rollout:
         else:
             state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks),
                                action=normalize_blocks(blocks))
+            if self.tools: state["tools"] = self.tools
             self.idx += 1; st.n_assistant_turns += 1
             for b in blocks:
                 if b["type"] == "text": st.n_text_blocks += 1
@@ -233,15 +244,18 @@ class CodexIngester(TraceSourceBase):
         return self._stream(p, self.last_stats)
 
     def _stream(self, p, st):
-        files = [p] if p.is_file() else sorted(f for f in p.rglob("rollout-*.jsonl") if f.is_file())
-        for f in files: yield from self._file(f, st)
+        if p.is_file(): yield from self._file(p, st, p.stem); return
+        files = sorted(f for f in p.rglob("rollout-*.jsonl") if f.is_file())
+        n = {}
+        for f in files: n[f.stem] = n.get(f.stem, 0) + 1
+        for f in files: yield from self._file(f, st, f.stem if n[f.stem] == 1 else f.relative_to(p).with_suffix("").as_posix())
 
     def _redact(self, s): return redact_secrets(s, self.last_stats.redactions)
 
-    def _file(self, fp, st):
+    def _file(self, fp, st, stem):
         "Stream the states of one rollout file."
         st.n_files += 1
-        tr = _Rollout(self, st, fp.stem)
+        tr = _Rollout(self, st, stem, _rollout_tools(fp))
         def skip(kind=None, reason=None):
             st.n_records_skipped += 1
             if reason: setattr(st, reason, getattr(st, reason) + 1)
@@ -267,6 +281,12 @@ class CodexIngester(TraceSourceBase):
                         out = None; et = p.get("type")
                         if not isinstance(et, str): skip("event_msg/<bad type>"); continue
                         if et in _COPIES: skip(reason="skipped_duplicate"); continue
+                        if et == "user_message":  # the prompt; newer rollouts write it only here, older ones also as a response_item
+                            text = p.get("message")
+                            if not isinstance(text, str) or not text.strip(): skip("event_msg/user_message/empty"); continue
+                            if is_injected_context(text) or not tr.prompt(text, "event"): skip(reason="skipped_duplicate"); continue
+                            st.n_records_used += 1; tr.message({"role": "user", "content": self._redact(text) if self.redact_secrets else text}, True)
+                            continue
                         if et in _TURN_END: tr.end()
                         elif et in ("exec_command_end", "patch_apply_end") and isinstance(p.get("call_id"), str):
                             c = p.get("exit_code") if et == "exec_command_end" else (0 if p.get("success") is not False else 1)
@@ -301,6 +321,7 @@ class CodexIngester(TraceSourceBase):
                 return tr.respond([{"type": "text", "text": text}] if text.strip() else [])
             m = _history_message(self, p)
             if m is None: skip(f"response_item/message/{p.get('role')}"); return None
+            if m[1] and not tr.prompt(_parts_text(p.get("content")), "item"): skip(reason="skipped_duplicate"); return None  # its event_msg copy came first
             st.n_records_used += 1; tr.message(*m); return None
         if t == "reasoning":
             c = p.get("content")
@@ -347,3 +368,35 @@ class CodexIngester(TraceSourceBase):
         elif _MIN_VERSION <= t <= _MAX_VERSION: return
         else: msg = f"{fp.name}: Codex CLI version {v} is outside the versions checked (0.40.0-0.128.x); the format may differ"
         if msg not in st.version_warnings: st.version_warnings.append(msg)
+
+_CALL_ITEMS = (b'"function_call"', b'"custom_tool_call"', b'"local_shell_call"', b'"web_search_call"', b'"dynamic_tools"')
+
+def _dynamic_tool(t):
+    "One `session_meta.dynamic_tools` entry (a function, or a namespace of them) as OpenAI function schemas."
+    if not isinstance(t, dict): return []
+    if isinstance(t.get("tools"), list): return [s for x in t["tools"] for s in _dynamic_tool(x)]  # {"type": "namespace", "tools": [...]}
+    name = t.get("name")
+    if not is_tool_name(name): return []
+    f = {"name": name, "description": t.get("description") if isinstance(t.get("description"), str) else ""}
+    params = next((t[k] for k in ("parameters", "inputSchema", "input_schema") if isinstance(t.get(k), dict)), None)
+    f["parameters"] = params if params is not None else {"type": "object", "properties": {}}
+    return [{"type": "function", "function": f}]
+
+def _rollout_tools(fp):
+    "The tools of one rollout: the schemas `session_meta.dynamic_tools` records, and by name the other tools its calls used."
+    schemas, used = {}, set()
+    with open(fp, "rb") as f:
+        for raw in f:
+            if not any(k in raw for k in _CALL_ITEMS): continue
+            rec = loads_line(raw)[0]
+            if not isinstance(rec, dict): continue
+            p = rec.get("payload") if isinstance(rec.get("payload"), dict) else rec
+            t = p.get("type") if isinstance(p, dict) else None
+            if rec.get("type") == "session_meta" and isinstance(p.get("dynamic_tools"), list):
+                for x in p["dynamic_tools"]:
+                    for s in _dynamic_tool(x): schemas.setdefault(s["function"]["name"], s)
+            elif t in ("function_call", "custom_tool_call") and is_tool_name(p.get("name")): used.add(p["name"])
+            elif t == "local_shell_call": used.add("local_shell")
+            elif t == "web_search_call": used.add("web_search")
+    out = [schemas[n] for n in sorted(schemas)] + tool_schemas_from_names(used - set(schemas))
+    return check_tools(sorted(out, key=lambda s: s["function"]["name"]), f"{fp.name}: tools")

@@ -18,7 +18,7 @@ from pathlib import Path
 import orjson
 
 # %% auto #0
-__all__ = ['TRL_COLUMNS', 'info', 'build_parser', 'main', 'replay_plan', 'format_plan', 'trl_preference_rows',
+__all__ = ['TRL_COLUMNS', 'info', 'check_device', 'build_parser', 'main', 'replay_plan', 'format_plan', 'trl_preference_rows',
            'write_trl_dataset']
 
 # %% ../nbs/41_cli.ipynb #99f3105e
@@ -42,6 +42,32 @@ def _fail(e:BaseException|str) -> int:
     print(f"error: {msg}", file=sys.stderr)
     return 2
 
+_STAGE = {"now": "starting"}   # what the running command is doing: the stage an unexpected error is reported in
+
+def _stage(what:str) -> None:
+    "Name the stage the running command has reached."
+    _STAGE["now"] = what
+
+def _one_line(e:BaseException, n:int=300) -> str:
+    "`ExcType: message` on one line, the message cut to `n` characters."
+    msg = " ".join(str(e).split())
+    return f"{type(e).__name__}: {msg[:n]}{'…' if len(msg) > n else ''}" if msg else type(e).__name__
+
+def _same_path(a:str|os.PathLike, b:str|os.PathLike) -> bool:
+    "Are `a` and `b` one file (the same inode when both exist, else the same resolved path)?"
+    a, b = Path(a), Path(b)
+    try:
+        if a.exists() and b.exists(): return os.path.samefile(a, b)
+    except OSError: pass
+    return a.resolve() == b.resolve()
+
+def _refuse_overwrite(target:Path, flag:str, inputs:dict[str, Path]) -> None:
+    "ValueError when writing `target` (the file `flag` names) would overwrite one of the command's inputs or a replay journal."
+    from composer_replication.teacher_replay.journal import is_journal
+    for what, p in inputs.items():
+        if _same_path(target, p): raise ValueError(f"{flag} {target} is {what}, an input of this command: it would be overwritten; write elsewhere")
+    if is_journal(target): raise ValueError(f"{flag} {target} is a replay journal (paid teacher calls): it would be overwritten; write elsewhere")
+
 def _cmd_info(args) -> int:
     d = info()
     print(f"composer_replication {d['composer_replication']} (python {d['python']}, torch {d['torch']}, transformers {d['transformers']})")
@@ -53,6 +79,7 @@ def _cmd_ingest(args) -> int:
     from composer_replication.ingestion.claude_code import ingest_command
     if not args.src.strip(): return _fail("SRC must be a session .jsonl file or a folder, got an empty path")
     if not args.out.strip(): return _fail("--out must be a file path, got an empty one")
+    _stage("ingesting the sessions")
     return ingest_command(args.src, args.out, skip_sidechain=not args.subagents, redact=not args.no_redact,
                           progress=not args.quiet, source=args.source)
 
@@ -61,16 +88,41 @@ def _cmd_demo(args) -> int:
     given = {k: getattr(args, k) for k in FLAGS if hasattr(args, k)}   # flags not given: DemoConfig's defaults
     try: cfg = DemoConfig(**given)
     except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)   # the config's checks: bad flags
+    _stage("running the demo")
     try: run_demo(cfg, progress=not args.quiet)
-    except DemoInputError as e: return _fail(e)   # bad input found by the run's preflight; anything else is a bug: traceback
+    except DemoInputError as e: return _fail(e)   # bad input found by the run's preflight; anything else: `main` reports it
     return 0
 
 class _Parser(argparse.ArgumentParser):
     "An ArgumentParser whose usage errors are one line on stderr (exit status 2)."
     def error(self, message): self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
+def check_device(device:str|None, # a torch device string ("cpu", "cuda", "cuda:1", "mps"), or None
+                ) -> None:
+    "ValueError (one line) when `device` is not a device this torch build can use."
+    if device is None: return
+    import torch
+    try: d = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e: raise ValueError(f"--device {device!r} is not a torch device ({_one_line(e, 120)})") from None
+    if d.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: this torch build has no usable CUDA (torch {torch.__version__}, "
+                             f"CUDA {torch.version.cuda or 'not compiled in'}); use --device cpu")
+        if d.index is not None and d.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: there are {torch.cuda.device_count()} CUDA device(s)")
+    elif d.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise ValueError(f"--device {device}: MPS is not available in this torch build or on this machine; use --device cpu")
+
 def _cmd_eval(args) -> int:
     from composer_replication.evaluation import eval_command
+    _stage("checking the arguments")
+    try:
+        check_device(args.device)
+        out = Path(args.out)
+        for name in ("records.jsonl", "summary.json"):
+            _refuse_overwrite(out/name, "--out", {"the expected-actions file (EXPECTED)": Path(args.expected)})
+    except ValueError as e: return _fail(e)
+    _stage("evaluating")
     return eval_command(args.sessions, args.expected, args.model, args.out, max_new_tokens=args.max_new_tokens,
                         max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet)
 
@@ -131,19 +183,42 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="cpu, cuda, ... (default: the model's)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_eval)
+    p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error (default: one line)")
+    for s in sub.choices.values():
+        s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an unexpected error")
     return p
 
 # %% ../nbs/41_cli.ipynb #e0747825
+class _Terminated(BaseException):
+    "SIGTERM, raised in the main thread, so that a command ends with one line rather than a silent kill."
+
+def _raise_terminated(signum, frame): raise _Terminated()
+
 def main(argv:list[str]|None=None, # the arguments (default: sys.argv[1:])
-        ) -> int: # exit status: 0 ok (also --help, --version), 2 bad input
+        ) -> int: # exit status: 0 ok (also --help, --version), 1 failed, 2 bad input, 130/143 interrupted (SIGINT/SIGTERM)
     "Entry point of the `composer-replication` console script; returns the exit status."
+    import signal, threading
     p = build_parser()
     try: args = p.parse_args(argv)
     except SystemExit as e: return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)   # --help, --version, usage errors
     if getattr(args, "func", None) is None:
         p.print_help()
         return 0
-    return args.func(args)
+    prog, main_thread = f"composer-replication {args.command}", threading.current_thread() is threading.main_thread()
+    _stage("starting")
+    old = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
+    try: return args.func(args)
+    except (KeyboardInterrupt, _Terminated) as e:
+        name, code = ("SIGTERM", 143) if isinstance(e, _Terminated) else ("SIGINT", 130)
+        print(f"{prog}: interrupted ({name}) while {_STAGE['now']}", file=sys.stderr)
+        return code
+    except Exception as e:     # a bug, or a failure no check foresaw: one line (the traceback with --debug)
+        if getattr(args, "debug", False): raise
+        print(f"{prog}: failed while {_STAGE['now']}: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+    finally:
+        if main_thread: signal.signal(signal.SIGTERM, old)
+
 
 # %% ../nbs/41_cli.ipynb #0daae62f
 _CHARS_PER_TOKEN = 4   # the expected-cost estimate: about 4 bytes of English or code per token of a BPE tokenizer
@@ -279,47 +354,125 @@ def _usd(v:float) -> float:
     if not math.isfinite(v) or v < 0: raise ValueError(f"--max-usd must be a finite amount >= 0, got {v!r}")
     return v
 
+def _int_at_least(flag:str, v:int, lo:int) -> int:
+    if v < lo: raise ValueError(f"{flag} must be >= {lo}, got {v}")
+    return v
+
+def _given_prices(spec:str, teachers:list[dict]) -> list[dict]:
+    "The teachers, with `trust_reported_cost=False` for those whose prices the spec gives (`slug@in/out`): the budget counts those."
+    given = {it.partition("@")[0].strip() for it in spec.split(",") if "@" in it and not it.strip().lower().startswith(("http://", "https://"))}
+    return [{**t, "trust_reported_cost": False} if t["slug"] in given else t for t in teachers]
+
+def _env_scrubber():
+    "The key scrubber for the OpenRouter key in the environment (a last line of defence for what a command writes)."
+    from composer_replication.teacher_replay import key_scrubber
+    return key_scrubber(os.environ.get("OPENROUTER_API_KEY", "").strip() or None)
+
+async def _until_signalled(replay, got:list):
+    "Run `replay(stop)`; the first SIGINT/SIGTERM sets `stop` (the calls in flight are awaited and recorded), a second cancels."
+    import asyncio, signal
+    loop, stop, task = asyncio.get_running_loop(), asyncio.Event(), asyncio.current_task()
+    def on(sig):
+        got.append(sig)
+        if len(got) == 1: stop.set()
+        else: task.cancel()          # a second signal: stop waiting for the calls in flight
+    saved = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try: saved[sig] = signal.getsignal(sig); loop.add_signal_handler(sig, on, sig)
+        except (NotImplementedError, RuntimeError, ValueError): saved.pop(sig, None)   # not the main thread, or no signals here
+    try: return await replay(stop)
+    finally:
+        for sig, h in saved.items(): loop.remove_signal_handler(sig); signal.signal(sig, h)
+
 def _cmd_replay(args) -> int:
+    import signal
     from composer_replication.demo import parse_teachers
-    from composer_replication.jsonl import write_jsonl
+    from composer_replication.jsonl import read_jsonl, write_jsonl
+    from composer_replication.teacher_replay import redact_state
+    from composer_replication.teacher_replay.journal import JournalBusy, check_journal, journal_lock
+    _stage("checking the arguments")
     try:
+        out = Path(args.out)
+        journal, prev, summary_path = out/"teacher_calls.jsonl", out/"states.jsonl", out/"replay_summary.json"
+        for what, p in (("the journal", journal), ("the summary", summary_path), ("the lock", Path(f"{journal}.lock"))):
+            if _same_path(args.states, p): raise ValueError(f"STATES {args.states} is {what} replay writes in --out: pass the states file")
         states = _read_states(args.states)
         base, teachers = parse_teachers(args.teachers)
+        teachers = _given_prices(args.teachers, teachers)
         max_usd = _usd(args.max_usd)
-        if args.max_tokens < 1: raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-        if args.concurrency < 1: raise ValueError(f"--concurrency must be >= 1, got {args.concurrency}")
-        out = Path(args.out)
+        for flag, v in (("--max-tokens", args.max_tokens), ("--concurrency", args.concurrency), ("--max-tool-calls", args.max_tool_calls)):
+            _int_at_least(flag, v, 1)
         if out.exists() and not out.is_dir(): raise ValueError(f"--out {args.out} exists and is not a folder")
-        journal = out/"teacher_calls.jsonl"
+        check_journal(journal, states, teachers)       # another run's journal: refused before anything is written
         plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal)
     except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
     if args.dry_run or not args.quiet: print(format_plan(plan, max_usd))
     if args.dry_run: print("dry run: nothing was sent"); return 0
     if base is None and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
         return _fail("--teachers: OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)")
-    prev = out/"states.jsonl"
-    if prev.exists():
-        from composer_replication.jsonl import read_jsonl
-        if read_jsonl(prev)[0] != states:
-            return _fail(f"--out {args.out} holds the replay of other states ({prev}): choose another --out")
-    try: write_jsonl(prev, states)          # first: `pairs DIR` reads the trace beside its journal
-    except OSError as e: return _fail(f"--out: cannot write {prev}: {e.strerror or e}")
-    import asyncio
-    from composer_replication.teacher_replay import TeacherReplayError, replay_trace
-    total = sum(p["calls"] for p in plan)
+    scrub = _env_scrubber()
+    trace = [scrub(redact_state(s)) for s in states]           # what `pairs` reads: redacted again, the key scrubbed
+
+    def same_trace():
+        "None if --out holds no trace or this one; else why it cannot be used."
+        if not prev.exists(): return None
+        old = read_jsonl(prev)[0]
+        try: old = [scrub(redact_state(s)) for s in old]
+        except (KeyError, TypeError, AttributeError): return f"--out {args.out} holds a {prev.name} that is no trace: choose another --out"
+        return None if old == trace else f"--out {args.out} holds the replay of other states ({prev}): choose another --out"
+    if (why := same_trace()) is not None: return _fail(why)
+    rewrite = not (prev.exists() and read_jsonl(prev)[0] == trace)
+    if rewrite and _same_path(args.states, prev):
+        return _fail(f"STATES {args.states} is the trace replay keeps in --out, and it would be rewritten (redacted): "
+                     "pass a copy of it, or the states file you ingested")
+    _stage("locking the replay folder")
+    try: lock = journal_lock(journal); lock.__enter__()
+    except JournalBusy as e: return _fail(f"--out {args.out}: {e}")
+    except OSError as e: return _fail(f"--out: cannot write in {out}: {e.strerror or e}")
     try:
-        with _JournalProgress(journal, total, enabled=not args.quiet):
-            res = asyncio.run(replay_trace(states, teachers, max_usd, base_url=base, journal=journal, max_tokens=args.max_tokens,
-                                           max_concurrency=args.concurrency, progress=False))
+        try:                                        # again, now that no one else can write there
+            check_journal(journal, states, teachers)
+            if (why := same_trace()) is not None: return _fail(why)
+        except ValueError as e: return _fail(e)
+        _stage("writing the trace")
+        try:
+            if rewrite: write_jsonl(prev, trace)    # first: `pairs DIR` reads the trace beside its journal
+        except OSError as e: return _fail(f"--out: cannot write {prev}: {e.strerror or e}")
+        return _replay_locked(args, states, teachers, base, max_usd, plan, out, journal, prev, summary_path)
+    finally: lock.__exit__(None, None, None)
+
+def _replay_locked(args, states, teachers, base, max_usd, plan, out, journal, prev, summary_path) -> int:
+    import asyncio, signal
+    from composer_replication.teacher_replay import JournalWriteError, TeacherReplayError, replay_trace
+    _stage("replaying")
+    got, prog = [], "composer-replication replay"
+    def replay(stop):
+        return replay_trace(states, teachers, max_usd, base_url=base, journal=journal, max_tokens=args.max_tokens,
+                            max_concurrency=args.concurrency, max_tool_calls=args.max_tool_calls, progress=False, stop=stop)
+    def interrupted(res=None):
+        name, code = ("SIGTERM", 143) if got and got[0] == signal.SIGTERM else ("SIGINT", 130)
+        what = (f"{len(res) - res.from_journal} answers recorded this run, {len(res.not_attempted)} calls not sent" if res is not None
+                else "the calls still in flight were recorded as interrupted")
+        print(f"{prog}: interrupted ({name}): {what}; the journal {journal} is complete: rerun the same command to resume "
+              "(nothing recorded is paid again)", file=sys.stderr)
+        return code
+    try:
+        with _JournalProgress(journal, sum(p["calls"] for p in plan), enabled=not args.quiet):
+            res = asyncio.run(_until_signalled(replay, got))
     except TeacherReplayError as e: return _fail(e)     # 401/402/403: the key or the credit; what completed is in the journal
+    except JournalWriteError as e:
+        print(f"{prog}: {' '.join(str(e).split())}", file=sys.stderr); return 1      # a full disk: what was paid is in `results`
+    except asyncio.CancelledError: return interrupted()
     except ValueError as e:
         if "belongs to another run" not in str(e): raise
         return _fail(e)
+    _stage("writing the summary")
     failed = sum(r["error"] is not None for r in res)
     summary = {"states": len(states), "teachers": [t["slug"] for t in teachers], "results": len(res), "failed": failed,
-               "from_journal": res.from_journal, "not_attempted": len(res.not_attempted), "spent_usd": res.spent_usd, "stopped": res.stopped,
-               "files": {"states": str(prev), "journal": str(journal)}}
-    (out/"replay_summary.json").write_text(json.dumps(summary, indent=2))
+               "invalid_actions": res.invalid_actions, "from_journal": res.from_journal, "not_attempted": len(res.not_attempted),
+               "spent_usd": res.spent_usd, "stopped": res.stopped, "files": {"states": str(prev), "journal": str(journal)}}
+    summary_path.write_text(json.dumps(summary, indent=2))
+    if got: return interrupted(res)
     print(f"replay: {res.summary()}; wrote {out}/: states.jsonl teacher_calls.jsonl replay_summary.json")
     if res.not_attempted: print(f"warning: {len(res.not_attempted)} calls not attempted (budget); rerun with a higher --max-usd to resume", file=sys.stderr)
     return 0
@@ -327,39 +480,54 @@ def _cmd_replay(args) -> int:
 def _cmd_pairs(args) -> int:
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
     from composer_replication.teacher_replay.journal import scan_journal
+    _stage("reading the replay folder")
     try:
         d = Path(args.dir)
         if not d.is_dir(): raise FileNotFoundError(f"DIR must be a replay folder (`composer-replication replay ... --out DIR`), not found: {args.dir}")
         if not (d/"teacher_calls.jsonl").is_file(): raise FileNotFoundError(f"no teacher_calls.jsonl in {args.dir}: not a replay folder")
-        states = _read_states(str(d/"states.jsonl"))
-        if args.threshold < 1: raise ValueError(f"--threshold must be >= 1, got {args.threshold}")
-        rows, _, st = scan_journal(d/"teacher_calls.jsonl")
-        if st.bad: print(f"warning: {st.report(str(d/'teacher_calls.jsonl'))}", file=sys.stderr)
-        pairs = extract_dpo_pairs(states, rows, agreement_threshold=args.threshold)
+        _int_at_least("--threshold", args.threshold, 1); _int_at_least("--max-tool-calls", args.max_tool_calls, 1)
+        inputs = {"the replay's journal": d/"teacher_calls.jsonl", "the replay's states": d/"states.jsonl",
+                  "the replay's summary": d/"replay_summary.json", "the journal's lock": d/"teacher_calls.jsonl.lock"}
         out = Path(args.out)
         if out.is_dir(): raise ValueError(f"--out {args.out} is a folder; give the pairs file's path (e.g. pairs.jsonl)")
+        _refuse_overwrite(out, "--out", inputs)
+        trl = Path(args.trl)/"train.jsonl" if args.trl else None
+        if trl is not None:
+            if Path(args.trl).exists() and not Path(args.trl).is_dir(): raise ValueError(f"--trl {args.trl} is a file; give a folder for train.jsonl")
+            _refuse_overwrite(trl, "--trl", {**inputs, "the pairs file (--out)": out})
+        states = _read_states(str(d/"states.jsonl"))
+        rows, _, st = scan_journal(d/"teacher_calls.jsonl")
+        if st.bad: print(f"warning: {st.report(str(d/'teacher_calls.jsonl'))}", file=sys.stderr)
+        _stage("extracting the pairs")
+        counts, scrub = {}, _env_scrubber()
+        pairs = scrub(extract_dpo_pairs(states, rows, agreement_threshold=args.threshold, max_tool_calls=args.max_tool_calls, counts=counts))
+        _stage("writing the pairs")
         save_pairs(pairs, out)
-        trl = write_trl_dataset(pairs, states, args.trl) if args.trl else None
+        if trl is not None: _stage("writing the TRL dataset"); write_trl_dataset(pairs, states, args.trl)
     except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
     except OSError as e: return _fail(f"cannot write: {e.strerror or e}: {e.filename or ''}")
-    print(f"pairs: {len(pairs)} DPO pairs from {len(states)} states and {len(rows)} teacher results (agreement >= {args.threshold}); "
+    print(f"pairs: {len(pairs)} DPO pairs from {len(states)} states and {len(rows)} teacher results ({counts['ok']} ok, "
+          f"{counts['failed']} failed, {counts['invalid_action']} invalid actions left out; agreement >= {args.threshold}); "
           f"wrote {out}" + (f" and the TRL dataset {trl}" if trl else ""))
     if not pairs: print("warning: 0 pairs: no state where enough teachers agree on an action the student did not take", file=sys.stderr)
     return 0
 
 def _cmd_train(args) -> int:
     from composer_replication.recipe import RecipeError, check_recipe, load_recipe, train_recipe
+    _stage("reading the recipe")
     try:
         r = load_recipe(args.config)
         if args.out is not None:
             import dataclasses
             r = dataclasses.replace(r, output_dir=str(Path(args.out).absolute()))
     except (RecipeError, FileNotFoundError, ValueError, TypeError) as e: return _fail(e)
+    _stage("checking the recipe")
     try: check_recipe(r)
     except (RecipeError, FileNotFoundError) as e: return _fail(f"{args.config}: {e}")
     import warnings
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
+    _stage(f"training (loading the model {r.model}, the data, then the steps)")
     try: train_recipe(r, progress=not args.quiet)
     except (RecipeError, FileNotFoundError) as e: return _fail(f"{args.config}: {e}")   # found while building (bad training values, a model that does not load)
     return 0
@@ -379,6 +547,7 @@ def _add_stage_parsers(sub):
     s.add_argument("--dry-run", action="store_true", help="print the calls and the worst-case and expected cost per teacher; send nothing")
     s.add_argument("--max-tokens", type=int, default=1024, help="reply cap per call (default: 1024)")
     s.add_argument("--concurrency", type=int, default=16, help="calls in flight at most (default: 16)")
+    s.add_argument("--max-tool-calls", type=int, default=16, help="an answer with more tool calls is an invalid action, kept as an error row (default: 16)")
     s.add_argument("--quiet", action="store_true", help="no plan table or progress bar")
     s.set_defaults(func=_cmd_replay)
     s = sub.add_parser("pairs", help="DPO pairs where teachers agree against the student, and a TRL preference dataset",
@@ -388,6 +557,7 @@ def _add_stage_parsers(sub):
     s.add_argument("--out", required=True, help="the pairs JSONL to write")
     s.add_argument("--trl", default=None, metavar="DIR", help="also write DIR/train.jsonl: TRL's conversational preference dataset "
                                                               "(prompt/chosen/rejected with tool_calls, and tools)")
+    s.add_argument("--max-tool-calls", type=int, default=16, help="an answer with more tool calls is left out (default: 16)")
     s.set_defaults(func=_cmd_pairs)
     s = sub.add_parser("train", help="train what a recipe file describes (offline three-channel, or GRPO with a reward)",
                        epilog="example: composer-replication train --config runs/demo-x/recipe.yaml --out runs/demo-x/again")

@@ -21,7 +21,7 @@ from ..ingestion.core import as_blocks, redact_json, redact_secrets, render_acti
 from .protocol import (DEFAULT_INSTRUCTION, DEFAULT_MAX_TOOL_CALLS, DEFAULT_TEACHERS,
     INVALID_ACTION, OPENROUTER_BASE_URL, RETRY_STATUSES, DPOPair, OpenAICompatibleProvider, OpenRouterProvider, Provider,
     TeacherCallResult, TeacherSpec, TraceState, action_problem, check_states, check_teachers, key_scrubber, openai_messages,
-    parse_reply, redact_blocks, redact_messages, render_reply, reply_blocks, request_body, resolve_provider, retry_after_s,
+    parse_reply, redact_blocks, redact_messages, redact_state, render_reply, reply_blocks, request_body, resolve_provider, retry_after_s,
     state_tool_names, student_blocks, teacher_request, tool_specs)
 from .budget import PROMPT_OVERHEAD_TOKENS, Budget, usage_charge, worst_case_usd
 from .journal import (JOURNAL_TAG, Journal, JournalBusy, JournalWriteError, check_journal,
@@ -34,7 +34,8 @@ _all_ = ["DEFAULT_INSTRUCTION", "DEFAULT_TEACHERS", "OPENROUTER_BASE_URL", "RETR
          "render_reply", "reply_blocks", "request_body", "resolve_provider", "retry_after_s", "teacher_request", "tool_specs",
          "Budget", "worst_case_usd", "Journal", "read_journal", "scan_journal", "ReplyTooLarge",
          "action_key", "extract_dpo_pairs", "load_pairs", "save_pairs", "to_preference_rows",
-         "JournalBusy", "JournalWriteError", "INVALID_ACTION", "DEFAULT_MAX_TOOL_CALLS"]
+         "JournalBusy", "JournalWriteError", "INVALID_ACTION", "DEFAULT_MAX_TOOL_CALLS", "action_problem", "key_scrubber",
+         "redact_messages", "redact_blocks", "redact_state", "check_journal", "journal_lock"]
 
 # %% auto #0
 __all__ = ['ReplayResults', 'TeacherReplayError', 'replay_trace', 'DEFAULT_INSTRUCTION', 'DEFAULT_TEACHERS',
@@ -43,7 +44,8 @@ __all__ = ['ReplayResults', 'TeacherReplayError', 'replay_trace', 'DEFAULT_INSTR
            'render_reply', 'reply_blocks', 'request_body', 'resolve_provider', 'retry_after_s', 'teacher_request',
            'tool_specs', 'Budget', 'worst_case_usd', 'Journal', 'read_journal', 'scan_journal', 'ReplyTooLarge',
            'action_key', 'extract_dpo_pairs', 'load_pairs', 'save_pairs', 'to_preference_rows', 'JournalBusy',
-           'JournalWriteError', 'INVALID_ACTION', 'DEFAULT_MAX_TOOL_CALLS']
+           'JournalWriteError', 'INVALID_ACTION', 'DEFAULT_MAX_TOOL_CALLS', 'action_problem', 'key_scrubber',
+           'redact_messages', 'redact_blocks', 'redact_state', 'check_journal', 'journal_lock']
 
 # %% ../../nbs/15f_teacher_replay.ipynb #1e217903
 _log = logging.getLogger(__name__)
@@ -350,7 +352,7 @@ async def replay_trace(
         tix = {t["slug"]: j for j, t in enumerate(teachers)}
         six = {s["state_id"]: i for i, s in enumerate(states)}
         done, prior_spent, kept, bad, header = {}, 0.0, [], 0, None
-        if journal is not None: header = journal_header(states, teachers)
+        if journal is not None: header = journal_header([redact_state(s) for s in states], teachers)   # the trace as sent (redacted)
         if journal is not None and Path(journal).exists():
             rows, headers, st = check_journal(journal, states, teachers)   # another run's journal is refused before anything is sent
             bad = st.bad

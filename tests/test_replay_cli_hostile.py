@@ -306,3 +306,33 @@ def test_eval_on_a_device_this_build_lacks_is_one_line(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     one_line(r.stderr, "error: --device cuda: this torch build has no usable CUDA", "use --device cpu")
+
+
+def test_a_really_full_disk_stops_the_run(tmp_path):
+    "The same on a real full filesystem: a 48 KiB tmpfs (needs the right to mount one; skipped without it)."
+    disk = tmp_path/"disk"; disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48k", "tmpfs", str(disk)], capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        write_states(tmp_path/"states.jsonl", 80)
+        with TeacherServer({"a": ModelPolicy(reply="done"), "b": ModelPolicy(reply="done")}) as srv:
+            p = spawn("replay", tmp_path/"states.jsonl", "--teachers", f"{srv.url},a,b", "--max-usd", "1", "--out", disk/"rep",
+                      "--quiet", "--concurrency", "1")
+            out, err = p.communicate(timeout=120)
+            calls = srv.calls
+        rows = journal_rows_tolerant(disk/"rep"/"teacher_calls.jsonl")
+    finally: subprocess.run(["umount", str(disk)])
+    assert p.returncode == 1, (p.returncode, err)
+    one_line(err, "composer-replication replay: could not write the replay journal", "No space left on device")
+    assert 0 < len(rows) < 160 and calls == len(rows) + 1, (calls, len(rows))   # the answer that could not be written is the last paid
+    print(f"full tmpfs: {len(rows)} rows written, {calls} calls sent")
+
+
+def journal_rows_tolerant(path):
+    "Journal rows, skipping a torn last line."
+    out = []
+    for line in Path(path).read_text(errors="replace").splitlines():
+        try: r = json.loads(line)
+        except ValueError: continue
+        if "teacher_slug" in r: out.append(r)
+    return out

@@ -18,7 +18,8 @@ from urllib.parse import quote, urlparse
 
 import orjson
 
-from ..ingestion.core import as_blocks, parse_student_action, redact_json, redact_secrets, render_action
+from ..ingestion.core import (as_blocks, check_tools, parse_student_action, redact_json, redact_secrets,
+                                                 render_action)
 from ..ingestion.claude_code import TraceState
 _all_ = ["TraceState"]   # re-exported: one definition, in the ingestion module
 
@@ -88,8 +89,7 @@ def check_states(states:Sequence[TraceState], # a frozen trace
             if not isinstance(s.get(k), t): raise ValueError(f"states[{i}][{k!r}] must be a {t.__name__}, got {type(s.get(k)).__name__}")
         if s.get("action") is not None and not isinstance(s["action"], list):
             raise ValueError(f"states[{i}]['action'] must be a list of content blocks or absent, got {type_name(s['action'])}")
-        if s.get("tools") is not None and (not isinstance(s["tools"], list) or not all(isinstance(t, dict) for t in s["tools"])):
-            raise ValueError(f"states[{i}]['tools'] must be a list of OpenAI function schemas or absent, got {type_name(s['tools'])}")
+        check_tools(s.get("tools"), f"states[{i}]['tools']")     # the ingestion module's check of OpenAI function schemas
         if s["state_id"] in seen: raise ValueError(f"states[{i}]: duplicate state_id {s['state_id']!r}")
         seen.add(s["state_id"])
     return list(states)

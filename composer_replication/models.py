@@ -197,6 +197,33 @@ def _hf_folder(name:str) -> Path:
     if missing: raise FileNotFoundError(f"{folder} is not a Hugging Face model folder: missing {'; '.join(missing)}")
     return folder
 
+def _names(keys, n:int=3) -> str:
+    keys = sorted(keys)
+    return ", ".join(keys[:n]) + (f", … ({len(keys)} in all)" if len(keys) > n else "")
+
+def _load_folder(folder:Path, dtype):
+    "`from_pretrained` of a local folder, refusing weights that do not fit its config.json (missing, unexpected or reshaped tensors) or cannot be read."
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True)  # mismatches come back in `info`, refused below
+    except (SafetensorError, OSError, ValueError, RuntimeError, KeyError, TypeError) as e:
+        first = next((l.strip() for l in str(e).splitlines() if l.strip()), type(e).__name__)
+        raise ValueError(f"{folder}: cannot load the model (a truncated or corrupt weights file, or a config.json transformers cannot read): "
+                         f"{type(e).__name__}: {first[:300]}") from e
+    wrong = []
+    if info.get("mismatched_keys"):
+        shown = [f"{k} {tuple(ckpt)} in the weights vs {tuple(want)} from config.json" for k, ckpt, want in sorted(info["mismatched_keys"])[:2]]
+        wrong.append(f"{len(info['mismatched_keys'])} tensor(s) of another shape ({'; '.join(shown)})")
+    if info.get("missing_keys"): wrong.append(f"{len(info['missing_keys'])} tensor(s) missing from the weights ({_names(info['missing_keys'])})")
+    if info.get("unexpected_keys"): wrong.append(f"{len(info['unexpected_keys'])} unexpected tensor(s) in the weights ({_names(info['unexpected_keys'])})")
+    if info.get("error_msgs"): wrong.append(f"load errors ({str(info['error_msgs'][0])[:200]})")
+    if wrong:
+        raise ValueError(f"{folder}: config.json ({type(model).__name__}) does not match the weights: {'; '.join(wrong)}; "
+                         "refusing to train a partly random model (save the config with the weights it belongs to)")
+    return model
+
 def load_student(name_or_path:str|os.PathLike, # "smollm2-135m-instruct", "tiny", or a local Hugging Face model folder
                  dtype=None, # torch dtype of the weights, or "float32" | "bfloat16" | "float16" | "float64"; None => float32
                  device=None, # where the model goes ("cpu", "cuda:0", a torch.device); None => CPU
@@ -211,9 +238,9 @@ def load_student(name_or_path:str|os.PathLike, # "smollm2-135m-instruct", "tiny"
         model, tok = tiny_causal_lm(dtype=dt), tiny_tokenizer()
     else:
         folder = smollm2_dir(cache_dir) if name == "smollm2-135m-instruct" else _hf_folder(name)
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
         with _quiet_loading():
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dt, local_files_only=True)
+            model = _load_folder(folder, dt)
             tok = AutoTokenizer.from_pretrained(folder, local_files_only=True)
         if name == "smollm2-135m-instruct": tok.chat_template = smollm2_chat_template()
         elif not getattr(tok, "chat_template", None):

@@ -21,10 +21,11 @@ from typing import Any
 from .loss import LossConfig
 
 # %% auto #0
-__all__ = ['RECIPE_VERSION', 'MODES', 'REPORT_TO_PACKAGES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS', 'CHANNELS',
-           'RecipeError', 'DataSpec', 'GRPOSpec', 'DiLoCoSpec', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml',
-           'save_recipe', 'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer',
-           'channel_progress', 'run_metrics', 'train_recipe', 'recipe_from_demo']
+__all__ = ['RECIPE_VERSION', 'MODES', 'REPORT_TO_PACKAGES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS',
+           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'CHANNELS', 'RecipeError', 'DataSpec', 'GRPOSpec', 'DiLoCoSpec',
+           'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml', 'save_recipe', 'check_recipe',
+           'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer', 'channel_progress', 'run_metrics',
+           'train_recipe', 'recipe_from_demo']
 
 # %% ../nbs/27_recipe.ipynb #17eb4491
 RECIPE_VERSION = 1                  # the `version:` a recipe file carries
@@ -39,7 +40,11 @@ _RESERVED_TRAINING = {"output_dir": "output_dir", "seed": "seed"}   # set at the
 class RecipeError(ValueError):
     "A recipe that cannot mean a run: the message starts with the dotted key at fault (`loss.alpha_sdpo: ...`)."
 
-def _err(key, msg, exc=RecipeError): return exc(f"{key}: {msg}")
+_MAX_MESSAGE = 600  # characters of an error message: a huge value or key is cut, never rendered whole
+
+def _clip(s:str, n:int=_MAX_MESSAGE) -> str: return s if len(s) <= n else s[:n - 1] + "…"
+
+def _err(key, msg, exc=RecipeError): return exc(_clip(f"{_clip(str(key), 120)}: {msg}"))
 
 def _did_you_mean(k, allowed):
     m = difflib.get_close_matches(str(k), list(allowed), n=1)
@@ -77,6 +82,13 @@ def _bool(v, key):
     if not isinstance(v, bool): raise _err(key, f"must be true or false, got {v!r:.60}")
     return v
 
+def _path(v, key, none_ok=True):
+    "A path string with `~` expanded (as a shell would); `~user` that names no user is refused."
+    if _opt_str(v, key, none_ok) is None: return None
+    p = os.path.expanduser(v)
+    if p.startswith("~"): raise _err(key, f"{v!r:.80} starts with ~ but names no user whose home folder could replace it")
+    return p
+
 @dataclass
 class DataSpec:
     "Where the training data is: the replay's states and pairs (and GRPO's prompts)."
@@ -87,7 +99,7 @@ class DataSpec:
     repeat: int|None = None       # copies of the examples in the training set; None: enough for max_steps in one epoch
 
     def __post_init__(self):
-        for k in ("states", "pairs", "prompts"): _opt_str(getattr(self, k), f"data.{k}")
+        for k in ("states", "pairs", "prompts"): setattr(self, k, _path(getattr(self, k), f"data.{k}"))
         self.final_reward = _num(self.final_reward, "data.final_reward", none_ok=True)
         _int(self.repeat, "data.repeat", 1, none_ok=True)
 
@@ -127,7 +139,13 @@ def _collator_options() -> dict:
     "CollatorConfig's options as a recipe holds them: its defaults, hint_generator as a name and pad_token_id null (the tokenizer's)."
     from composer_replication.trainer.data_collator import CollatorConfig
     d = {f.name: f.default for f in dataclasses.fields(CollatorConfig)}
-    return {**d, "sdpo_targets": list(d["sdpo_targets"]), "hint_generator": "dispatch", "pad_token_id": None}
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}, "hint_generator": "dispatch", "pad_token_id": None}
+
+def _collator_config_kwargs(col:dict) -> dict:
+    "The recipe's collator options as CollatorConfig takes them: the lists YAML holds back to tuples where the field's default is one."
+    from composer_replication.trainer.data_collator import CollatorConfig
+    tuples = {f.name for f in dataclasses.fields(CollatorConfig) if isinstance(f.default, tuple)}
+    return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in col.items()}
 
 def _training_fields(mode:str) -> set[str]:
     "The options of TrainingArguments (GRPOConfig for grpo) that a recipe's training section may set."
@@ -136,6 +154,85 @@ def _training_fields(mode:str) -> set[str]:
         except ImportError: raise _err("mode", "grpo needs trl: pip install composer-replication[trl]", RecipeError) from None
     else: from transformers import TrainingArguments as cls
     return {f.name for f in dataclasses.fields(cls) if f.init} - set(_RESERVED_TRAINING)
+
+_TRAINING_RANGES = {  # (lo, hi, lo_open, hi_open) of numeric TrainingArguments / GRPOConfig options; the types come from the classes' annotations
+    "learning_rate": (0, math.inf, False, True), "weight_decay": (0, math.inf, False, True), "max_grad_norm": (0, math.inf, False, True),
+    "adam_beta1": (0, 1, False, True), "adam_beta2": (0, 1, False, True), "adam_epsilon": (0, math.inf, True, True),
+    "num_train_epochs": (0, math.inf, True, True), "warmup_ratio": (0, 1, False, False), "warmup_steps": (0, math.inf, False, True),
+    "label_smoothing_factor": (0, 1, False, True), "per_device_train_batch_size": (1, math.inf, False, True),
+    "per_device_eval_batch_size": (1, math.inf, False, True), "gradient_accumulation_steps": (1, math.inf, False, True),
+    "eval_accumulation_steps": (1, math.inf, False, True), "logging_steps": (0, math.inf, True, True), "save_steps": (0, math.inf, True, True),
+    "eval_steps": (0, math.inf, True, True), "save_total_limit": (0, math.inf, False, True), "dataloader_num_workers": (0, math.inf, False, True),
+    "eval_delay": (0, math.inf, False, True), "seed": (0, 2**32 - 1, False, False), "data_seed": (0, 2**32 - 1, False, False),
+    # GRPOConfig (mode: grpo)
+    "num_generations": (1, math.inf, False, True), "max_completion_length": (1, math.inf, False, True), "num_iterations": (1, math.inf, False, True),
+    "temperature": (0, math.inf, True, True), "top_p": (0, 1, True, False), "top_k": (0, math.inf, False, True), "beta": (0, math.inf, False, True),
+    "epsilon": (0, math.inf, False, True), "generation_batch_size": (1, math.inf, False, True), "steps_per_generation": (1, math.inf, False, True)}
+
+def _type_name(tp) -> str:
+    "How an annotation reads in a message: 'an int', 'a float', 'a string or null', ..."
+    import enum, typing, types
+    o, args = typing.get_origin(tp), typing.get_args(tp)
+    if o in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not type(None)]
+        return " or ".join(dict.fromkeys(names)) + (" or null" if type(None) in args else "")
+    if o is typing.Literal: return "one of " + ", ".join(repr(a) for a in args)
+    if tp is bool: return "true or false"
+    if tp is int: return "an int"
+    if tp is float: return "a finite number"
+    if tp is str: return "a string"
+    if o in (list, tuple) or tp in (list, tuple): return "a list" + (f" of {_type_name(args[0]).split(' ', 1)[-1]}s" if args and args[0] is not typing.Any else "")
+    if o is dict or tp is dict: return "a mapping"
+    if isinstance(tp, type) and issubclass(tp, enum.Enum): return "one of " + ", ".join(repr(m.value) for m in tp)
+    return getattr(tp, "__name__", str(tp))
+
+def _fits(v, tp) -> bool|None:
+    "Whether YAML value `v` has annotation `tp`'s type; None where the annotation is a class YAML cannot hold (its own check decides)."
+    import enum, typing, types
+    o, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is typing.Any: return True
+    if tp is type(None): return v is None
+    if o in (typing.Union, types.UnionType):
+        got = [_fits(v, a) for a in args]
+        return True if any(g is True for g in got) else None if any(g is None for g in got) else False
+    if o is typing.Literal: return v in args and type(v) in {type(a) for a in args}
+    if tp is bool: return isinstance(v, bool)
+    if tp is int: return isinstance(v, int) and not isinstance(v, bool)
+    if tp is float: return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if tp is str: return isinstance(v, str)
+    if o in (list, tuple) or tp in (list, tuple):
+        return isinstance(v, (list, tuple)) and (not args or args[0] is typing.Any or all(_fits(x, args[0]) is not False for x in v))
+    if o is dict or tp is dict: return isinstance(v, abc.Mapping)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum): return isinstance(v, tp) or any(type(v) is type(m.value) and v == m.value for m in tp)
+    return None
+
+def check_typed(values:abc.Mapping, # option name -> value, as read from YAML
+                cls:type, # the dataclass whose field annotations give each option's type
+                where:str, # the section's dotted name, for messages (`training`)
+                ranges:abc.Mapping|None=None, # option -> (lo, hi, lo_open, hi_open) for numbers
+               ) -> dict:
+    "Check every value against its field's annotated type (and range, where one is given); a RecipeError names the first bad key."
+    import typing
+    hints = typing.get_type_hints(cls)
+    for k, v in values.items():
+        tp = hints.get(k, typing.Any)
+        if _fits(v, tp) is False:
+            raise _err(f"{where}.{k}", f"must be {_type_name(tp)}, got {v!r:.60}")
+        if k in (ranges or {}) and isinstance(v, (int, float)) and not isinstance(v, bool):
+            _num(v, f"{where}.{k}", *ranges[k])
+    return dict(values)
+
+def _check_training(training:dict, mode:str) -> dict:
+    "The training section's values checked against TrainingArguments' (GRPOConfig's) annotated types and the ranges above."
+    if mode == "grpo":
+        try: from trl import GRPOConfig as cls
+        except ImportError: raise _err("mode", "grpo needs trl: pip install composer-replication[trl]") from None
+    else: from transformers import TrainingArguments as cls
+    check_typed(training, cls, "training", _TRAINING_RANGES)
+    ms = training.get("max_steps")
+    if isinstance(ms, int) and not isinstance(ms, bool) and ms != -1 and ms < 1:
+        raise _err("training.max_steps", f"must be an int >= 1 (or -1: train num_train_epochs epochs), got {ms}")
+    return training
 
 def _loss(d) -> LossConfig:
     if isinstance(d, LossConfig): return d
@@ -173,7 +270,9 @@ class Recipe:
 
     def __post_init__(self):
         if self.version != RECIPE_VERSION: raise _err("version", f"must be {RECIPE_VERSION} (this package reads recipe files of version {RECIPE_VERSION}), got {self.version!r}")
-        _opt_str(self.model, "model", none_ok=False); _opt_str(self.output_dir, "output_dir", none_ok=False); _opt_str(self.name, "name")
+        _opt_str(self.model, "model", none_ok=False); _opt_str(self.name, "name")
+        if self.model not in BUILTIN_MODELS: self.model = _path(self.model, "model", none_ok=False)
+        self.output_dir = _path(self.output_dir, "output_dir", none_ok=False)
         if self.mode not in MODES: raise _err("mode", f"must be one of {list(MODES)}, got {self.mode!r:.60}")
         _int(self.seed, "seed", 0, 2**32 - 1); _int(self.train_layers, "train_layers", 1, none_ok=True)
         self.data, self.grpo, self.diloco = _section(DataSpec, self.data, "data"), _section(GRPOSpec, self.grpo, "grpo"), _section(DiLoCoSpec, self.diloco, "diloco")
@@ -182,9 +281,10 @@ class Recipe:
         col = {**opts, **_check_keys(self.collator, opts, "collator")}
         col["pad_token_id"] = _int(col["pad_token_id"], "collator.pad_token_id", 0, none_ok=True)
         _opt_str(col["hint_generator"], "collator.hint_generator")
-        if isinstance(col["sdpo_targets"], (list, tuple)): col["sdpo_targets"] = list(col["sdpo_targets"])
+        col = {k: list(v) if isinstance(opts[k], list) and isinstance(v, tuple) else v for k, v in col.items()}   # tuples as YAML lists
         from composer_replication.trainer.data_collator import CollatorConfig
-        try: CollatorConfig(**{**col, "hint_generator": None, "pad_token_id": 0, "sdpo_targets": tuple(col["sdpo_targets"])})
+        check_typed({k: v for k, v in col.items() if k not in ("hint_generator", "pad_token_id")}, CollatorConfig, "collator")
+        try: CollatorConfig(**_collator_config_kwargs({**col, "hint_generator": None, "pad_token_id": 0}))
         except (TypeError, ValueError) as e:
             k = next((k for k in opts if str(e).startswith(k)), None)
             raise (_err(f"collator.{k}", str(e)[len(k):].lstrip(" :")) if k else _err("collator", str(e))) from None
@@ -192,8 +292,8 @@ class Recipe:
         if not isinstance(self.training, abc.Mapping): raise _err("training", f"must be a mapping of TrainingArguments options, got {type(self.training).__name__}")
         for k, top in _RESERVED_TRAINING.items():
             if k in self.training: raise _err(f"training.{k}", f"set {top} at the top level of the recipe, not under training")
-        self.training = {**TRAINING_DEFAULTS, **_check_keys(self.training, _training_fields(self.mode), "training",
-                                                           see="trl.GRPOConfig" if self.mode == "grpo" else "transformers.TrainingArguments")}
+        self.training = _check_training({**TRAINING_DEFAULTS, **_check_keys(self.training, _training_fields(self.mode), "training",
+                                                           see="trl.GRPOConfig" if self.mode == "grpo" else "transformers.TrainingArguments")}, self.mode)
 
     def to_dict(self) -> dict:
         "The recipe as plain data (YAML- and JSON-ready), every option written out."
@@ -234,17 +334,44 @@ def _yaml_loader():
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789."))
     return Loader
 
+MAX_YAML_DEPTH, MAX_YAML_NODES = 64, 100_000  # a recipe nests 3-4 levels and holds a few hundred values; aliases count as what they expand to
+
+def _check_yaml_size(text:str, loader, source:str):
+    "Walk the YAML's parse events (no recursion, nothing built): refuse nesting deeper than MAX_YAML_DEPTH and more than MAX_YAML_NODES nodes once aliases are expanded."
+    import yaml
+    sizes, stack, total = {}, [], 0
+    for ev in yaml.parse(text, Loader=loader):
+        if isinstance(ev, yaml.AliasEvent): total += sizes.get(ev.anchor, 1)
+        elif isinstance(ev, yaml.ScalarEvent):
+            total += 1
+            if ev.anchor: sizes[ev.anchor] = 1
+        elif isinstance(ev, yaml.CollectionStartEvent):
+            total += 1; stack.append((ev.anchor, total))
+            if len(stack) > MAX_YAML_DEPTH:
+                raise RecipeError(f"{source}: nested more than {MAX_YAML_DEPTH} levels deep at line {ev.start_mark.line + 1} (a recipe nests a few levels)")
+        elif isinstance(ev, yaml.CollectionEndEvent):
+            anchor, start = stack.pop()
+            if anchor: sizes[anchor] = total - start + 1
+        if total > MAX_YAML_NODES:
+            raise RecipeError(f"{source}: more than {MAX_YAML_NODES:,} values once its aliases (*name) are expanded (at line {ev.start_mark.line + 1}); "
+                              "a recipe holds a few hundred: refusing it (an alias bomb?)")
+
 def parse_recipe(text:str, # a recipe file's YAML
                  base_dir:str|os.PathLike|None=None, # relative paths are made absolute from here (None: left as written)
                  source:str="recipe", # the file's name, for messages
                 ) -> Recipe:
     "A checked Recipe from YAML text; bad YAML, a duplicate or unknown key, or a bad value is a RecipeError naming it."
     import yaml
-    try: d = yaml.load(text, Loader=_yaml_loader())
+    if not isinstance(text, str): raise TypeError(f"text must be a str (the recipe's YAML), got {type(text).__name__}")
+    loader = _yaml_loader()
+    try:
+        _check_yaml_size(text, loader, source)
+        d = yaml.load(text, Loader=loader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise RecipeError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        raise RecipeError(_clip(f"{source}: not valid YAML{where}: {getattr(e, 'problem', None) or e}")) from None
+    except RecursionError: raise RecipeError(f"{source}: nested too deeply to read") from None
     if d is None: raise RecipeError(f"{source}: the file is empty (a recipe needs at least data.states)")
     if not isinstance(d, dict): raise RecipeError(f"{source}: must be a mapping of recipe keys, got a YAML {type(d).__name__}")
     try: r = Recipe.from_dict(d)
@@ -302,6 +429,17 @@ def _args(recipe:Recipe):
     try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **recipe.training)
     except (TypeError, ValueError) as e: raise _err("training", " ".join(str(e).split())[:400]) from None
 
+def _check_output_dir(path:str):
+    "A folder that exists or can be made: not a file, not under a file, in a folder this user may write to."
+    out = Path(path)
+    if out.exists() and not out.is_dir(): raise _err("output_dir", f"{path} exists and is not a folder")
+    up = out
+    while not up.exists() and up != up.parent: up = up.parent
+    if up != out:
+        if not up.is_dir(): raise _err("output_dir", f"{path} cannot be made: {up} is a file, not a folder")
+        if not os.access(up, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} cannot be made: {up} is not writable")
+    elif not os.access(out, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} is not writable")
+
 def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
                 ) -> Recipe:
     "Preflight what a run needs beyond the recipe's own checks: the files, the model folder, the reward, the trackers' packages."
@@ -327,8 +465,7 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
             raise _err("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
     hg = recipe.collator["hint_generator"]
     if hg is not None: _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")
-    out = Path(recipe.output_dir)
-    if out.exists() and not out.is_dir(): raise _err("output_dir", f"{recipe.output_dir} exists and is not a folder")
+    _check_output_dir(recipe.output_dir)
     _args(recipe)          # the arguments class's own checks of the training values
     return recipe
 
@@ -405,8 +542,7 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
     hg = col.pop("hint_generator")
     pad = col.pop("pad_token_id")
     pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0)
-    col["sdpo_targets"] = tuple(col["sdpo_targets"])
-    collator = ComposerDataCollator(tok, CollatorConfig(**col, pad_token_id=pad,
+    collator = ComposerDataCollator(tok, CollatorConfig(**_collator_config_kwargs(col), pad_token_id=pad,
                                                         hint_generator=None if hg is None else _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")))
     examples = data["examples"]
     if recipe.mode == "offline":

@@ -79,3 +79,67 @@ def test_grpo_recipe_trains(tmp_path, monkeypatch):
         assert all(math.isfinite(m[k]) for k in CHANNELS["grpo"]), m
         assert m["sdpo_jsd"] > 0 and m["trace_replay_dpo"] > 0, m
     assert json.loads((tmp_path/"out"/"summary.json").read_text())["mode"] == "grpo"
+
+
+# Issue 22 point 6: every recipe value is checked (type and range) before anything loads; hostile YAML is one line, fast.
+BAD_VALUES = {
+    "training: {max_steps: ten}": "training.max_steps: must be an int, got 'ten'",
+    "training: {max_steps: -5}": "training.max_steps: must be an int >= 1 (or -1",
+    "training: {max_steps: 0}": "training.max_steps: must be an int >= 1",
+    "training: {max_steps: 2.5}": "training.max_steps: must be an int, got 2.5",
+    "training: {learning_rate: .nan}": "training.learning_rate: must be a finite number, got nan",
+    "training: {learning_rate: -0.1}": "training.learning_rate: must be in [0, inf), got -0.1",
+    "training: {per_device_train_batch_size: 0}": "training.per_device_train_batch_size: must be in [1, inf), got 0",
+    "training: {gradient_accumulation_steps: true}": "training.gradient_accumulation_steps: must be an int, got True",
+    "training: {weight_decay: .inf}": "training.weight_decay: must be a finite number, got inf",
+    "training: {adam_beta2: 1.0}": "training.adam_beta2: must be in [0, 1), got 1.0",
+    "training: {logging_steps: 0}": "training.logging_steps: must be in (0, inf), got 0",
+    "training: {report_to: 5}": "training.report_to: must be a string or a list of strings or null, got 5",
+    "training: {lr_scheduler_type: [cosine]}": "training.lr_scheduler_type: must be one of 'linear'",
+    "loss: {alpha_sdpo: -1}": "loss.alpha_sdpo: must be in [0, inf), got -1",
+    "loss: {beta_replay: ten}": "loss.beta_replay: must be a real number",
+    "collator: {max_seq_len: 0}": "collator.max_seq_len: must be an int >= 2",
+    "collator: {max_seq_len: true}": "collator.max_seq_len: must be an int, got True",
+    "data: {repeat: 0}": "data.repeat: must be >= 1",
+    "seed: 1.5": "seed: must be an int",
+    "output_dir: ~nosuchuser12345/out": "output_dir: '~nosuchuser12345/out' starts with ~ but names no user",
+}
+
+
+@pytest.mark.parametrize("text", list(BAD_VALUES))
+def test_bad_values_are_one_line_naming_the_key(text):
+    from composer_replication.recipe import RecipeError, parse_recipe
+    with pytest.raises(RecipeError) as e: parse_recipe(text, source="r.yaml")
+    msg = str(e.value)
+    assert msg.startswith("r.yaml: ") and BAD_VALUES[text] in msg and "\n" not in msg, msg
+
+
+def test_hostile_yaml_is_refused_fast_and_short(tmp_path):
+    import time
+    from composer_replication.recipe import RecipeError, load_recipe, parse_recipe
+    bomb = 'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"{c}: &{c} [{', '.join([f'*{p}'] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+    bomb += "".join(f"# padding to the issue's 744 bytes {i:03d}\n" for i in range(9))
+    (tmp_path / "bomb.yaml").write_text(bomb); assert 700 < len(bomb.encode()) < 800
+    t0 = time.perf_counter()
+    with pytest.raises(RecipeError, match="more than 100,000 values once its aliases"): load_recipe(tmp_path / "bomb.yaml")
+    for text in ("[" * 10_000, "training: " + "{a: " * 10_000, "- " * 10_000 + "x"):
+        with pytest.raises(RecipeError, match="nested more than 64 levels deep"): parse_recipe(text)
+    assert time.perf_counter() - t0 < 10
+    for text in ("training: {learning_rate: '" + "9" * 1_000_000 + "'}", "name: [" + "1, " * 200_000 + "1]", "'" + "k" * 100_000 + "': 1"):
+        with pytest.raises(RecipeError) as e: parse_recipe(text)
+        assert len(str(e.value)) <= 700, len(str(e.value))
+
+
+def test_output_dir_paths(tmp_path, monkeypatch):
+    import dataclasses
+    from composer_replication.recipe import Recipe, DataSpec, RecipeError, check_recipe, parse_recipe
+    states = tmp_path / "states.jsonl"; states.write_text("{}\n")
+    ok = Recipe(data=DataSpec(states=str(states)), output_dir=str(tmp_path / "out"))
+    assert check_recipe(ok) is ok
+    for out, msg in ((states / "sub" / "out", f"cannot be made: {states} is a file, not a folder"), (states, "exists and is not a folder")):
+        with pytest.raises(RecipeError, match="output_dir: ") as e: check_recipe(dataclasses.replace(ok, output_dir=str(out)))
+        assert msg in str(e.value)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    r = parse_recipe("output_dir: ~/runs/a\ndata: {states: ~/s.jsonl}", base_dir=tmp_path / "elsewhere")
+    assert (r.output_dir, r.data.states) == (str(tmp_path / "home" / "runs" / "a"), str(tmp_path / "home" / "s.jsonl"))

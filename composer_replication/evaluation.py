@@ -14,6 +14,8 @@ from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected
 from .trainer.data_collator import assistant_spans, render_conversation
+from .trainer.messages import check_tools, encode_text
+from .trainer.windows import _fit, _step_points
 
 # %% auto #0
 __all__ = ['Z95', 'CI_METHOD', 'wilson_interval', 'rate', 'summarize_records', 'format_summary', 'EvalResult', 'evaluate_agent',
@@ -70,6 +72,7 @@ def summarize_records(records:Sequence[dict], # per-state records from `evaluate
                              for k in sorted({str(r.get("error_kind")) for r in rec})},
         "stops": dict(sorted(stops.items())),
         "prompts_truncated": sum(bool(r.get("prompt_truncated")) for r in recs),
+        "prompts_steps_dropped": sum(bool(r.get("prompt_steps_dropped")) for r in recs),
     }
 
 _HEADLINE = (("recovery_accuracy", "recovery accuracy (error states)"), ("next_action_accuracy", "next-action accuracy (other states)"),
@@ -119,13 +122,13 @@ def _positive(name, v, none_ok=False):
         raise ValueError(f"{name} must be a positive int{' or None' if none_ok else ''}, got {v!r}")
 
 # %% ../nbs/26_evaluation.ipynb #1821f31c
-def _reply_text(tokenizer, messages, action, prompt_text):
-    "(prompt text, assistant turn text up to its end-of-turn token) of `action` as the reply to `messages`; None if it cannot be located."
+def _reply_text(tokenizer, messages, action, prompt_text, tools=None):
+    "(prompt text, assistant turn text up to its end-of-turn token) of `action` as the reply to `messages`, special spellings marked; None if it cannot be located."
     msgs = list(messages) + [action_to_message(action)]
-    full = render_conversation(tokenizer, msgs)
+    full = render_conversation(tokenizer, msgs, tools=tools, protect=True)
     if full.startswith(prompt_text): pre, seg = prompt_text, full[len(prompt_text):]
     else:
-        try: full, spans = assistant_spans(tokenizer, msgs)
+        try: full, spans = assistant_spans(tokenizer, msgs, tools, protect=True)
         except ValueError: return None
         _, s, e = spans[-1]
         return full[:s], full[s:e]
@@ -133,7 +136,16 @@ def _reply_text(tokenizer, messages, action, prompt_text):
     k = seg.rfind(eos) if eos else -1
     return pre, (seg[:k + len(eos)] if k >= 0 else seg.rstrip())
 
-def _encode(tokenizer, text): return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _encode(tokenizer, text): return encode_text(tokenizer, [text])[0]   # a rendering with marked special spellings
+
+def _step_prompt(tokenizer, messages, tools, cap):
+    "The generation prompt (marked) of the system prompt, the task and the latest whole agent steps that fit in `cap` tokens; None if not even the latest step fits."
+    head, task, starts = _step_points(list(messages))
+    sys_task = list(messages[:head]) + ([messages[task]] if task is not None else [])
+    tails = [sys_task + list(messages[s:]) for s in starts]
+    build = lambda c: render_conversation(tokenizer, tails[c], add_generation_prompt=True, tools=tools, protect=True)
+    text, c = _fit(build, len(tails), lambda t: len(_encode(tokenizer, t)) <= cap)
+    return (text, tails[c]) if len(_encode(tokenizer, text)) <= cap else None
 
 _CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
 
@@ -262,6 +274,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
                    score_fn:Callable|None=None, # (states, actions) -> summed log-probs of the actions, in place of the model's
                    max_prompt_tokens:int|None=None, # keep only the last this many prompt tokens; None => what the context allows
                    ingester=None, # reads `sessions` when it is a path (default `ClaudeCodeIngester()`)
+                   windows:bool=True, # a prompt that does not fit keeps the system prompt, the task and the latest whole steps (False: the latest tokens)
                    progress:bool=False, # a tqdm bar on stderr
                   ) -> EvalResult:
     "Greedy next action at every state against the expected one, and how often the model prefers the right action to the wrong one."
@@ -292,15 +305,19 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
     known, eos = _known_tools(known_tools, rows), getattr(tokenizer, "eos_token", None)
 
     items = []  # per state: its prompt, and the right and wrong replies as (prompt, turn text) to score
-    for s in matched:
-        r = by_id[s["state_id"]]
-        prompt = render_conversation(tokenizer, s["messages"], add_generation_prompt=True)
-        it = {"state": s, "row": r, "prompt": prompt, "replies": {}, "truncated": False, "n_prompt": None}
-        wrong = r.get("distractor")
+    def replies(it, messages, prompt_p):
+        r, wrong, out = it["row"], it["row"].get("distractor"), {}
         if preference and isinstance(wrong, str) and wrong != r["action"]:
             for side, act in (("right", r["action"]), ("wrong", wrong)):
-                if (rt := _reply_text(tokenizer, s["messages"], act, prompt)) is None: it["replies"] = {}; break
-                it["replies"][side] = rt
+                if (rt := _reply_text(tokenizer, messages, act, prompt_p, it["tools"])) is None: return {}
+                out[side] = rt
+        return out
+    for s in matched:
+        r, tools = by_id[s["state_id"]], check_tools(s.get("tools"), f"state {s['state_id']!r:.60}: tools")
+        prompt = render_conversation(tokenizer, s["messages"], add_generation_prompt=True, tools=tools)
+        prompt_p = render_conversation(tokenizer, s["messages"], add_generation_prompt=True, tools=tools, protect=True)
+        it = {"state": s, "row": r, "prompt": prompt, "prompt_p": prompt_p, "tools": tools, "truncated": False, "n_prompt": None}
+        it["replies"] = replies(it, s["messages"], prompt_p)
         items.append(it)
     counts["preference_unscorable"] = sum(bool(preference) and isinstance(it["row"].get("distractor"), str) and not it["replies"] for it in items)
 
@@ -318,13 +335,21 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
             k = max(1, min(caps)) if caps else None
             return (pids[-k:], True) if k is not None and len(pids) > k else (pids, False)
         shared, separate = [], []  # continuations scored from the generation prompt's cache, and those of other prompts
+        def room(conts):
+            caps = [c for c in (max_prompt_tokens, ctx - max([max_new_tokens, *map(len, conts)]) if ctx else None) if c is not None]
+            return max(1, min(caps)) if caps else None
         for i, it in enumerate(items):
-            conts = {}
+            conts = lambda: {side: _encode(tokenizer, seg) for side, (pre, seg) in (it["replies"].items() if model_scores else ()) if pre == it["prompt_p"]}
+            pids, cap = _encode(tokenizer, it["prompt_p"]), room(list(conts().values()))
+            if windows and cap is not None and len(pids) > cap and (cut := _step_prompt(tokenizer, it["state"]["messages"], it["tools"], cap)):
+                it["prompt_p"], kept = cut   # whole steps dropped: the system prompt, the task and the latest steps stay
+                it["replies"] = replies(it, kept, it["prompt_p"]); it["steps_dropped"] = True
+                pids = _encode(tokenizer, it["prompt_p"])
+            c = conts()
             for side, (pre, seg) in (it["replies"].items() if model_scores else ()):
-                if pre == it["prompt"]: conts[side] = _encode(tokenizer, seg)
-                else: separate.append((i, side, pre, seg))  # a template that is not prefix-stable at this turn
-            it["prompt_ids"], it["truncated"] = fit(_encode(tokenizer, it["prompt"]), list(conts.values()))
-            it["n_prompt"], it["conts"] = len(it["prompt_ids"]), conts
+                if pre != it["prompt_p"]: separate.append((i, side, pre, seg))  # a template that is not prefix-stable at this turn
+            it["prompt_ids"], it["truncated"] = fit(pids, list(c.values()))
+            it["n_prompt"], it["conts"] = len(it["prompt_ids"]), c
         order = sorted(range(len(items)), key=lambda i: -len(items[i]["prompt_ids"]))  # similar lengths together: less padding
         batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
         with torch.no_grad():
@@ -365,7 +390,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
             "attempt": r.get("attempt"), "error_kind": r.get("error_kind"), "scenario": r.get("scenario"),
             "expected_action": r["action"], "expected_tools": [c["tool"] for c in _row_calls(r)],
             "generation": text, "stop": stops[i], "n_new_tokens": n_new[i], "n_prompt_tokens": it["n_prompt"],
-            "prompt_truncated": it["truncated"], "predicted_action": action,
+            "prompt_truncated": it["truncated"], "prompt_steps_dropped": bool(it.get("steps_dropped")), "predicted_action": action,
             "predicted_tools": [c["name"] for c in parse_tool_calls(text, eos=eos)], "well_formed": _well_formed(text, eos, known),
             "correct": action_matches(action, r), "logp_right": lr, "logp_wrong": lw,
             "preference_correct": (lr > lw) if lr is not None and lw is not None else None,

@@ -33,20 +33,21 @@ def is_tool_name(name, # a candidate tool name
     return isinstance(name, str) and bool(name) and not any(c.isspace() or unicodedata.category(c)[0] == "C" for c in name)
 
 def tool_schemas_from_names(names, # tool names (any iterable of str); duplicates are merged
-                           ) -> list[dict]: # [{"type": "function", "function": {"name", "description": "", "parameters": {}}}], sorted by name
+                           ) -> list[dict]: # [{"type": "function", "function": {"name": ...}}], sorted by name
     "OpenAI function schemas that know only each tool's name: what a log that records no schemas can say."
     if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"): raise TypeError(f"names must be an iterable of str, got {type(names).__name__}")
     names = list(names)
     bad = next((n for n in names if not is_tool_name(n)), None)
     if bad is not None or not all(map(is_tool_name, names)): raise ValueError(f"names must be non-empty str without whitespace or control characters, got {bad!r:.60}")
-    out = [{"type": "function", "function": {"name": n, "description": "", "parameters": {"type": "object", "properties": {}}}} for n in sorted(set(names))]
+    out = [{"type": "function", "function": {"name": n}} for n in sorted(set(names))]   # nothing invented: every token of the prompt's tool block says something
     check_tools(out, "names")
     return out
 
 def check_tools(tools, # the value of a state's (example's, pair's) `tools`
                 where:str="tools", # what to name in the error, e.g. "states.jsonl line 3: tools"
-               ) -> list[dict]: # `tools`, unchanged, when it is well formed
+               ) -> list[dict]|None: # `tools`, unchanged, when it is well formed (None stays None)
     "Check that `tools` is a list of OpenAI function schemas; a TypeError/ValueError naming `where` otherwise."
+    if tools is None: return None   # no tools known
     if not isinstance(tools, list): raise TypeError(f"{where} must be a list of OpenAI function schemas, got {type(tools).__name__}")
     seen = set()
     for i, t in enumerate(tools):

@@ -47,6 +47,17 @@ def _check_trainer_config(config, where):
                          "(pass taid_scheduler=TAIDScheduler(..., t_start=...) to choose where it starts)")
     return config
 
+def _windowed(dataset, collator):
+    "A list of TraceExamples split into windows by the collator (its `windows` option); anything else as it is."
+    if (isinstance(collator, ComposerDataCollator) and collator.config.windows and isinstance(dataset, (list, tuple))
+            and dataset and all(isinstance(ex, dict) and "turns" in ex for ex in dataset)):
+        return collator.windows(dataset)
+    return dataset
+
+def _mean(vals:list) -> float:
+    "The mean of logged channel values (detached tensors or floats), one host transfer for all of them."
+    return float(torch.stack([torch.as_tensor(v, dtype=torch.float32).detach().cpu() for v in vals]).mean())
+
 class _ChannelMixin:
     "What both trainers share: the loss configuration, the reference model, per-channel metrics, the TAID scheduler."
     def _init_channels(self, model, config:LossConfig, *, ref_model, taid_scheduler):
@@ -59,7 +70,7 @@ class _ChannelMixin:
             self._ref_model = copy.deepcopy(model)   # the initial policy, frozen
         if self._ref_model is not None:  # frozen, on the device the model trains on
             self._ref_model.requires_grad_(False).eval().to(next(model.parameters()).device)
-        self._channel_metrics, self._last_sdpo = defaultdict(list), None
+        self._channel_metrics, self._last_sdpo = defaultdict(list), None   # detached tensors: read as floats at logging time only
 
     def _taid_t(self):
         if self.loss_config.sdpo_wrapper != "taid": return None
@@ -86,7 +97,7 @@ class _TAIDCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
         tr = self.trainer
         if tr.taid_scheduler is not None and tr._last_sdpo is not None:
-            tr.taid_scheduler.update_t(torch.tensor(tr._last_sdpo), global_step=state.global_step)
+            tr.taid_scheduler.update_t(torch.as_tensor(tr._last_sdpo, dtype=torch.float32).detach().cpu(), global_step=state.global_step)
     def on_save(self, args, state, control, **kw):
         tr = self.trainer
         if tr.taid_scheduler is None: return
@@ -251,6 +262,8 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         config = _check_trainer_config(_trainer_loss_config(loss_config, kwargs, "ComposerOfflineTrainer"), "ComposerOfflineTrainer")
         dl = _diloco_settings(diloco, "ComposerOfflineTrainer")
         if args is not None: args.remove_unused_columns = False
+        for k in ("train_dataset", "eval_dataset"):   # long traces become windows that fit (CollatorConfig.windows)
+            if k in kwargs: kwargs[k] = _windowed(kwargs[k], kwargs.get("data_collator"))
         super().__init__(model, args, *more, **kwargs)
         self.model_accepts_loss_kwargs = False  # our loss is a per-micro-batch mean: let Trainer divide by GA
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
@@ -261,14 +274,14 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         "`compose_loss` on the batch; records each channel for logging."
         c = compose_loss(model, self._with_ref_logprobs(inputs), self._step_config())
         if model.training:
-            for k, v in c.detached().items(): self._channel_metrics[f"composer/{k}"].append(v)
-            self._last_sdpo = float(c.sdpo_jsd.detach())
+            for k in ("lm_ce", "sdpo_jsd", "trace_replay_dpo", "total"): self._channel_metrics[f"composer/{k}"].append(getattr(c, k).detach())
+            self._last_sdpo = c.sdpo_jsd.detach()
         return (c.total, None) if return_outputs else c.total
 
     def log(self, logs:dict, start_time=None):
         "Add the channels' averages since the last log."
         if self._channel_metrics and "loss" in logs:
-            logs = {**logs, **{k: sum(v)/len(v) for k, v in self._channel_metrics.items()}}
+            logs = {**logs, **{k: _mean(v) for k, v in self._channel_metrics.items()}}
             self._channel_metrics.clear()
             if self.diloco_manager is not None: logs["diloco/outer_step"] = self.diloco_manager.current_step()
         return super().log(logs, start_time)
@@ -310,7 +323,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.trace_collator, self.trace_batch_size = data_collator, trace_batch_size
         rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        self.trace_dataset = list(trace_dataset)[rank::world] if trace_dataset is not None else None
+        self.trace_dataset = list(_windowed(list(trace_dataset), data_collator))[rank::world] if trace_dataset is not None else None
         self._trace_iter = None
         self.add_callback(_TAIDCallback(self))
         self._init_diloco(dl, where)
@@ -353,11 +366,18 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         if batch is None: return loss
         sdpo, replay = self._compute_sdpo_loss(model, batch), self._compute_trace_replay_loss(model, batch)
         ga = self.current_gradient_accumulation_steps
-        m = self._metrics["train"]
-        m["composer/grpo"].append(float(loss.detach()) * ga)
-        m["composer/sdpo_jsd"].append(float(sdpo.detach())); m["composer/trace_replay_dpo"].append(float(replay.detach()))
-        self._last_sdpo = float(sdpo.detach())
+        m = self._channel_metrics   # detached tensors; floats at logging time (`log`)
+        m["composer/grpo"].append(loss.detach() * ga)
+        m["composer/sdpo_jsd"].append(sdpo.detach()); m["composer/trace_replay_dpo"].append(replay.detach())
+        self._last_sdpo = sdpo.detach()
         return loss + (self.alpha_sdpo * sdpo + self.beta_replay * replay) / ga
+
+    def log(self, logs:dict, start_time=None):
+        "Add the trace channels' averages since the last log (converted to floats here, once per log)."
+        if self._channel_metrics and "loss" in logs:
+            logs = {**logs, **{k: _mean(v) for k, v in self._channel_metrics.items()}}
+            self._channel_metrics.clear()
+        return super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."

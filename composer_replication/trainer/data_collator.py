@@ -150,28 +150,28 @@ class ComposerDataCollator:
         self._cache: dict = {}
 
     # -- channel 1 and 2 ------------------------------------------------------------------------------------
-    def _sites(self, msgs:list[dict], turn_of:list[int], sols:dict[int, str|None]) -> dict[int, list[str]]:
+    def _sites(self, msgs:list[dict], turn_of:list[int], sols:dict[int, str|None], stats:Counter|None=None) -> dict[int, list[str]]:
         "Target assistant message index -> hints, from the error sites of a conversation (only turns that train are distilled)."
-        cfg, out = self.config, {}
+        cfg, out, st = self.config, {}, self.stats if stats is None else stats
         calls = {tc.get("id"): (j, tc.get("function", tc)) for j, m in enumerate(msgs) if m["role"] == "assistant"
                  for tc in m.get("tool_calls") or []}
         for j, m in enumerate(msgs):
             if m["role"] != "tool" or not m.get("is_error"): continue
-            self.stats["sdpo_error_sites"] += 1
+            st["sdpo_error_sites"] += 1
             failed, fn = calls.get(m.get("tool_call_id"), (None, {}))
             if failed is None: failed = max((k for k in range(j) if msgs[k]["role"] == "assistant"), default=None)
             reaction = next((k for k in range(j+1, len(msgs)) if msgs[k]["role"] == "assistant"), None)
             meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m["content"],
                     **(m.get("error_meta") or {})}
             if "solution" not in (m.get("error_meta") or {}): meta["solution"] = sols.get(turn_of[j])   # a window carries the whole trace's
-            if meta.get("solution") is not None: self.stats["sdpo_sites_with_solution"] += 1
+            if meta.get("solution") is not None: st["sdpo_sites_with_solution"] += 1
             kind = meta.get("error_kind") or classify_error(m["content"], tool_name=meta["tool_name"],
                                                              history=msgs[:j], tool_input=meta["tool_input"])
             hint = cfg.hint_generator(kind, meta) if kind is not None else None
             if hint is not None and not isinstance(hint, str):
                 raise TypeError(f"turn {turn_of[j]}: hint_generator returned {type(hint).__name__} for error kind {kind!r} (a string or None is expected)")
-            if hint is None: self.stats["sdpo_sites_without_hint"] += 1; continue
-            hint = clean_text(hint, self.stats)
+            if hint is None: st["sdpo_sites_without_hint"] += 1; continue
+            hint = clean_text(hint, st)
             for name, k in (("failed", failed), ("reaction", reaction)):
                 if name in cfg.sdpo_targets and k is not None and msgs[k].get("train", True) and hint not in out.setdefault(k, []): out[k].append(hint)
         return {k: v for k, v in out.items() if v}
@@ -276,6 +276,22 @@ class ComposerDataCollator:
         self._cache[key] = out
         return out
 
+    def _row_length(self, turns:list[dict], tools=None) -> int:
+        "Tokens of the longest row (student, or teacher with its hints) this collator builds from `turns`, uncut."
+        scratch = Counter()
+        msgs = messages_from_turns(turns, "", "turn", scratch)
+        turn_of = _trainable(msgs, scratch)
+        msgs = [msgs[j] for j in turn_of]
+        use_sdpo = self.config.enable_sdpo and self.config.hint_generator is not None
+        sites = self._sites(msgs, turn_of, {}, scratch) if use_sdpo else {}
+        n = len(tokenize_conversation(self.tokenizer, msgs, tools)[0])
+        if not sites: return n
+        t_msgs = []
+        for k, m in enumerate(msgs):
+            if k in sites: t_msgs.append({"role": self.config.hint_role, "content": "\n".join(sites[k])})
+            t_msgs.append(m)
+        return max(n, len(tokenize_conversation(self.tokenizer, t_msgs, tools)[0]))
+
     # -- windows ------------------------------------------------------------------------------------------------
     def windows(self, examples:Sequence[TraceExample]) -> list[TraceExample]:
         "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_too_long`."
@@ -284,8 +300,10 @@ class ComposerDataCollator:
         cfg, out = self.config, []
         for b, ex in enumerate(examples):
             if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
+            tools = check_tools(ex.get("tools"), f"example {b}: tools")
             out += trace_windows(ex, tokenizer=self.tokenizer, max_seq_len=cfg.max_seq_len, context_tokens=cfg.window_context_tokens,
-                                 solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats)
+                                 solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats,
+                                 count=lambda ts, tools=tools: self._row_length(ts, tools))   # the teacher's hints must fit too
         return out
 
     # -- the batch --------------------------------------------------------------------------------------------

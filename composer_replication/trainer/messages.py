@@ -11,11 +11,13 @@ import re
 from collections import Counter
 from typing import Any, TypedDict
 
+from ..ingestion.core import check_tools
 from ..teacher_replay import openai_messages
+_all_ = ["check_tools"]
 
 # %% auto #0
-__all__ = ['TraceTurn', 'TokenizerLike', 'canonical_arguments', 'check_tools', 'render_conversation', 'assistant_spans',
-           'encode_text', 'tokenize_conversation', 'clean_text', 'messages_from_turns']
+__all__ = ['TraceTurn', 'TokenizerLike', 'canonical_arguments', 'render_conversation', 'assistant_spans', 'encode_text',
+           'tokenize_conversation', 'clean_text', 'messages_from_turns', 'check_tools']
 
 # %% ../../nbs/19_trainer.messages.ipynb #0de8dadf
 class TraceTurn(TypedDict, total=False):
@@ -67,19 +69,6 @@ def _specials(tokenizer):
 def _protect(s, rx):
     return rx.sub(lambda m: _OPEN + m.group(0) + _CLOSE, s) if rx is not None and s and rx.search(s) else s
 
-def check_tools(tools, # OpenAI function schemas: [{"type": "function", "function": {"name", "description"?, "parameters"?}}]
-                where:str="tools", # how errors name the list
-               ) -> list[dict]|None:
-    "`tools` checked: None, or a list of function schemas whose names are non-empty strings without control characters."
-    if tools is None: return None
-    if not isinstance(tools, (list, tuple)): raise TypeError(f"{where} must be a list of OpenAI function schemas, got {type(tools).__name__}")
-    for k, t in enumerate(tools):
-        fn = t.get("function") if isinstance(t, dict) else None
-        name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str) or not name or any(ord(c) < 32 or ord(c) == 127 for c in name):
-            raise ValueError(f"{where}[{k}] must be {{'type': 'function', 'function': {{'name': <non-empty str>, ...}}}}, got {t!r:.80}")
-    return list(tools)
-
 def _apply_template(tokenizer, msgs, add_generation_prompt, tools=None):
     "`apply_chat_template` as text; a template that raises (one that insists on alternating roles, say) is a `ValueError`."
     kw = {"tools": tools} if tools else {}
@@ -122,9 +111,10 @@ def render_conversation(tokenizer:TokenizerLike, # has a chat template
                         messages:list[dict], # OpenAI-style messages
                         add_generation_prompt:bool=False, # end with the assistant header
                         tools:list[dict]|None=None, # OpenAI function schemas, passed to the template's `tools=`
+                        protect:bool=False, # mark special-token spellings in content, for `encode_text` (not for display)
                        ) -> str:
     "The chat-template rendering of `messages` (and `tools`) as text, every tool call's arguments in `canonical_arguments` form."
-    return _render(tokenizer, messages, add_generation_prompt, tools)
+    return _render(tokenizer, messages, add_generation_prompt, tools, protect)
 
 def _last_turn(tokenizer, before, p, f, tools=None, protect=False):
     "The final turn's text in `f` when `f` does not extend the prompt `p`: what follows its own generation header (None if it has none)."

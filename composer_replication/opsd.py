@@ -214,11 +214,11 @@ def _compiled(fn):
 _COMPILE_BROKEN: list = []  # the error that made `torch.compile` unusable here, once seen (then the eager kernels are used)
 
 def _use_compiled(compiled, rows, vocab, device):
-    "Whether to run the compiled per-chunk kernel: `compiled=None` picks it for large chunks where compilation works."
+    "Whether to run the compiled per-chunk kernel: `compiled=None` picks it for large chunks on CUDA (never on CPU, where compiling costs more than a run earns back)."
     if compiled is not None and not isinstance(compiled, bool): raise TypeError(f"compiled must be None, True or False, got {compiled!r}")
     if compiled is False or _COMPILE_BROKEN or torch.compiler.is_compiling(): return False
     if compiled is True: return True
-    return device.type in ("cpu", "cuda") and rows * vocab >= 1 << 22  # a chunk of >= 4M logits: compiling pays for itself
+    return device.type == "cuda" and rows * vocab >= 1 << 22  # a chunk of >= 4M logits on a GPU: compiling pays for itself
 
 _FUSED_CHUNK_LOGITS = 1 << 25  # logits per half of the fused (2C, V) buffer: 128 MiB in fp32, whatever chunk_size asks
 
@@ -322,7 +322,7 @@ def linear_generalized_jsd_loss(
     chunk_size:int=1024, # tokens per chunk: temporaries are O(chunk_size * V)
     teacher_weight:Tensor|None=None, # (V, d) teacher LM head; None = `weight` (pass `weight.detach()` for a no-grad teacher)
     num_items_in_batch:int|Tensor|None=None, # global unmasked-token count: return sum / this
-    compiled:bool|None=None, # run the per-chunk math `torch.compile`d (None: for chunks of >= 4M logits, where compilation works)
+    compiled:bool|None=None, # run the per-chunk math `torch.compile`d (None: on CUDA for chunks of >= 4M logits; eager on CPU; True forces it)
 )->Tensor: # scalar, or per-token with reduction="none"
     "`generalized_jsd_loss(student_hidden @ weight.T, teacher_hidden @ weight.T, ...)` computed chunk by chunk, never holding all logits."
     xs = dict(student_hidden=student_hidden, teacher_hidden=teacher_hidden, weight=weight)

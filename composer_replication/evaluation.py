@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from .ingestion.claude_code import ClaudeCodeIngester, action_to_message
 from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
-from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected
+from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester
 from .trainer.data_collator import assistant_spans, render_conversation
 from .trainer.messages import check_tools, encode_text
 from .trainer.windows import _fit, _step_points
@@ -96,7 +96,7 @@ def _states(sessions, ingester):
         p = Path(sessions)
         if not p.exists(): raise FileNotFoundError(f"sessions path does not exist: {str(p)!r}")
         if p.is_dir() and (p/"sessions").is_dir(): p = p/"sessions"
-        ing = ingester or ClaudeCodeIngester()
+        ing = ingester or (suite_ingester(p) if (p.parent/"tools.json").exists() else ClaudeCodeIngester())   # a suite's split: its tools too
         return list(ing.ingest(p))
     if isinstance(sessions, (dict, bytes)) or not hasattr(sessions, "__iter__"):
         raise TypeError(f"sessions must be a path or a list of TraceState dicts, got {type(sessions).__name__}")

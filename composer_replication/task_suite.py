@@ -11,15 +11,15 @@ from typing import Sequence
 from .hint_generator import classify_error
 from .ingestion.claude_code import render_action
 from .task_suite_repos import (
-    CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, TASKS, VOCAB, SessionWriter, SyntheticRepo)
+    CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SessionWriter, SyntheticRepo)
 from .task_suite_actions import action_matches
-_all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "REPEAT_KIND", "VOCAB", "FUNCTIONS", "GENERIC_FILES", "action_matches"]
+_all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "SUITE_TOOLS", "REPEAT_KIND", "VOCAB", "FUNCTIONS", "GENERIC_FILES", "action_matches"]
 _log = logging.getLogger(__name__)
 
 # %% auto #0
 __all__ = ['SUITE_FORMAT', 'SUITE_TEACHERS', 'SuiteSession', 'make_session', 'score_actions', 'error_sites', 'make_task_suite',
-           'load_expected', 'suite_names', 'suite_policies', 'SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS',
-           'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES', 'action_matches']
+           'load_expected', 'suite_ingester', 'suite_names', 'suite_policies', 'SPLITS', 'TASKS', 'SCENARIOS',
+           'CLAUDE_CODE_TOOLS', 'SUITE_TOOLS', 'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES', 'action_matches']
 
 # %% ../nbs/25_task_suite.ipynb #b596a672
 def _camel(name):
@@ -325,7 +325,7 @@ def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldou
                     recovery_rate:float=0.5, # chance that the recorded first action after an error is the right one
                     overwrite:bool=False, # replace existing train/ and heldout/ folders (else FileExistsError)
                    ) -> dict: # per split: folder, sessions, states, tool errors, error-recovery states
-    "Write `train/` and `heldout/`: `sessions/*.jsonl`, `expected.jsonl` and `manifest.json`, deterministic for a seed."
+    "Write `train/` and `heldout/`: `sessions/*.jsonl`, `expected.jsonl`, `tools.json` and `manifest.json`, deterministic for a seed."
     for name, v in (("n_train", n_train), ("n_heldout", n_heldout), ("seed", seed)):
         if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"{name} must be an int, got {type(v).__name__}")
     if n_train < 0 or n_heldout < 0: raise ValueError(f"n_train and n_heldout must be >= 0, got {n_train}, {n_heldout}")
@@ -353,6 +353,7 @@ def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldou
             rows += s.expected
             n_err += s.jsonl.count('"is_error":true')
         (d/"expected.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        (d/"tools.json").write_text(json.dumps(SUITE_TOOLS, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
         manifest = {"format": SUITE_FORMAT, "split": split, "seed": seed, "recovery_rate": recovery_rate, "sessions": metas}
         (d/"manifest.json").write_text(json.dumps(manifest, ensure_ascii=False, indent=1, sort_keys=True) + "\n", encoding="utf-8")
         summary[split] = {"dir": str(d), "sessions": n, "states": len(rows), "tool_errors": n_err,
@@ -378,6 +379,17 @@ def load_expected(path:str|Path, # an expected.jsonl (or a split folder holding 
         rows.append(r)
     if bad: _log.warning("%s: skipped %d malformed line(s)", p, bad)
     return rows
+
+def suite_ingester(split_dir:str|Path, # a split folder written by `make_task_suite` (or its sessions/)
+                   **options, # more `ClaudeCodeIngester` options
+                  ):
+    "The Claude Code ingester for a split: its states carry the suite's tool schemas (`tools.json`), not just the names used."
+    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    p = Path(split_dir)
+    p = p.parent if p.name == "sessions" else p
+    f = p/"tools.json"
+    tools = json.loads(f.read_text(encoding="utf-8")) if f.exists() else SUITE_TOOLS
+    return ClaudeCodeIngester(**{"tools": tools, **options})
 
 def suite_names(split_dir:str|Path, # a split folder written by `make_task_suite`
                ) -> dict[str, set]: # category -> the names its sessions use

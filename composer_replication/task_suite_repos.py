@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 # %% auto #0
 __all__ = ['SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS', 'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES',
-           'SyntheticRepo', 'SessionWriter']
+           'SUITE_TOOLS', 'SyntheticRepo', 'SessionWriter']
 
 # %% ../nbs/24a_task_suite_repos.ipynb #d1ec5f7d
 SPLITS = ("train", "heldout")
@@ -267,6 +267,20 @@ def _patch(a, b):
             else: lines += ["-" + l for l in a.split("\n")[a1:a2]] + ["+" + l for l in b.split("\n")[b1:b2]]
         out.append({"oldStart": i1 + 1, "oldLines": i2 - i1, "newStart": j1 + 1, "newLines": j2 - j1, "lines": lines})
     return out
+
+# %% ../nbs/24a_task_suite_repos.ipynb #a1e8162f
+def _fn(name, description, props, required):
+    return {"type": "function", "function": {"name": name, "description": description,
+            "parameters": {"type": "object", "properties": props, "required": required}}}
+_S, _B, _I = {"type": "string"}, {"type": "boolean"}, {"type": "integer"}
+SUITE_TOOLS = [
+    _fn("Bash", "Run a shell command in the repository.", {"command": _S, "description": _S, "timeout": _I}, ["command"]),
+    _fn("Edit", "Replace old_string by new_string in a file that was read first.",
+        {"file_path": _S, "old_string": _S, "new_string": _S, "replace_all": _B}, ["file_path", "old_string", "new_string"]),
+    _fn("Glob", "List the files matching a glob pattern.", {"pattern": _S, "path": _S}, ["pattern"]),
+    _fn("Grep", "Search file contents for a regular expression.", {"pattern": _S, "path": _S, "glob": _S}, ["pattern"]),
+    _fn("Read", "Read a file (numbered lines).", {"file_path": _S, "offset": _I, "limit": _I}, ["file_path"]),
+]
 
 # %% ../nbs/24a_task_suite_repos.ipynb #d5155e60
 _VERSION, _MODEL = "2.1.38", "claude-opus-4-6"

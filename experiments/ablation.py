@@ -141,14 +141,13 @@ def set_determinism(seed:int, device:str):
 # -- data ------------------------------------------------------------------------------------------------------
 def build_data(work:Path, s:Settings, n_dev:int=0) -> dict:
     "Write the suite, ingest both splits, replay the train split through the local teacher server, mine the pairs."
-    from composer_replication.task_suite import SUITE_TEACHERS, load_expected, make_task_suite, suite_policies
-    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    from composer_replication.task_suite import SUITE_TEACHERS, load_expected, make_task_suite, suite_ingester, suite_policies
     from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace
     from composer_replication.teacher_server import TeacherServer
     make_task_suite(work/"suite", s.n_train, s.n_heldout, seed=s.suite_seed)
     ing = {}
     def ingest(split_dir):
-        i = ClaudeCodeIngester(); out = list(i.ingest(split_dir/"sessions")); ing[split_dir.name] = i.last_stats; return out
+        i = suite_ingester(split_dir); out = list(i.ingest(split_dir/"sessions")); ing[split_dir.name] = i.last_stats; return out   # with the suite's tool schemas
     train, heldout = ingest(work/"suite"/"train"), ingest(work/"suite"/"heldout")
     rows_train, rows_heldout = load_expected(work/"suite"/"train"), load_expected(work/"suite"/"heldout")
     with TeacherServer(suite_policies(train, rows_train)) as srv:

@@ -215,9 +215,10 @@ class ClaudeCodeIngester(TraceSourceBase):
                  max_history_tokens:int|None=None, # drop the oldest history beyond this many tokens
                  tokenizer=None, # measures max_history_tokens: `.encode(str)` or callable; None = `estimate_tokens`
                  redact_secrets:bool=True, # replace secrets by [REDACTED:<kind>] before a state is yielded
+                 tools:list[dict]|None=None, # OpenAI function schemas every state carries; None: the log's, else the names it used
                 ):
         super().__init__(system_prompt=system_prompt, skip_sidechain=skip_sidechain, strip_thinking=strip_thinking,
-                         max_history_tokens=max_history_tokens, tokenizer=tokenizer, redact_secrets=redact_secrets)
+                         max_history_tokens=max_history_tokens, tokenizer=tokenizer, redact_secrets=redact_secrets, tools=tools)
         self.last_summaries = {}
 
     def ingest(self, path:Path, # a session `.jsonl` file or a folder (project or session) to walk
@@ -270,7 +271,7 @@ class ClaudeCodeIngester(TraceSourceBase):
             if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
             fmt = record_format(loads_line(first)[0]) if first else None
             if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
-            tools = tool_schemas_from_names(_tool_names(fp, self.skip_sidechain))
+            tools = self.tools if self.tools is not None else tool_schemas_from_names(_tool_names(fp, self.skip_sidechain))
             yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f, stem or fp.stem, tools)
         self._scanned.add(fp)
 

@@ -229,9 +229,10 @@ class CodexIngester(TraceSourceBase):
                  max_history_tokens:int|None=None, # drop the oldest history beyond this many tokens
                  tokenizer=None, # measures max_history_tokens: `.encode(str)` or callable; None = `estimate_tokens`
                  redact_secrets:bool=True, # replace secrets by [REDACTED:<kind>] before a state is yielded
+                 tools:list[dict]|None=None, # OpenAI function schemas every state carries; None: the log's, else the names it used
                 ):
         super().__init__(system_prompt=system_prompt, skip_sidechain=skip_sidechain, strip_thinking=strip_thinking,
-                         max_history_tokens=max_history_tokens, tokenizer=tokenizer, redact_secrets=redact_secrets)
+                         max_history_tokens=max_history_tokens, tokenizer=tokenizer, redact_secrets=redact_secrets, tools=tools)
 
     def ingest(self, path:Path, # a rollout `.jsonl` file, or a folder walked for `rollout-*.jsonl`
               ) -> Iterator[TraceState]:
@@ -255,7 +256,7 @@ class CodexIngester(TraceSourceBase):
     def _file(self, fp, st, stem):
         "Stream the states of one rollout file."
         st.n_files += 1
-        tr = _Rollout(self, st, stem, _rollout_tools(fp))
+        tr = _Rollout(self, st, stem, self.tools if self.tools is not None else _rollout_tools(fp))
         def skip(kind=None, reason=None):
             st.n_records_skipped += 1
             if reason: setattr(st, reason, getattr(st, reason) + 1)

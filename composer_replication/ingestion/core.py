@@ -532,6 +532,7 @@ class TraceSourceBase:
                  max_history_tokens:int|None=None, # drop the oldest history beyond this many tokens
                  tokenizer=None, # measures max_history_tokens: `.encode(str)` or callable; None = `estimate_tokens`
                  redact_secrets:bool=True, # replace secrets by [REDACTED:<kind>] before a state is yielded
+                 tools:list[dict]|None=None, # OpenAI function schemas every state carries (a harness that knows them); None: what the log records
                 ):
         if not isinstance(system_prompt, str): raise TypeError(f"system_prompt must be a str, got {type(system_prompt).__name__}")
         if max_history_tokens is not None and (not isinstance(max_history_tokens, int) or isinstance(max_history_tokens, bool) or max_history_tokens <= 0):
@@ -539,6 +540,7 @@ class TraceSourceBase:
         self._count = token_counter(tokenizer)  # TypeError for a tokenizer it cannot use
         self.system_prompt, self.skip_sidechain, self.strip_thinking = system_prompt, bool(skip_sidechain), bool(strip_thinking)
         self.max_history_tokens, self.tokenizer, self.redact_secrets = max_history_tokens, tokenizer, bool(redact_secrets)
+        self.tools = check_tools(tools, "tools")
         self.last_stats = IngestionStats()
 
 # %% ../../nbs/09_ingestion.core.ipynb #4149a198

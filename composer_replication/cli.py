@@ -323,9 +323,13 @@ def trl_preference_rows(pairs:list[dict], # DPOPairs
                        ) -> list[dict]: # rows with TRL_COLUMNS
     "TRL's conversational preference rows with tool calls: prompt/chosen/rejected message lists and `tools` as a JSON string of schemas."
     from composer_replication.teacher_replay import to_preference_rows, tool_specs
-    tools = json.dumps(tool_specs(states), ensure_ascii=False)   # a string: Arrow would merge the schemas' differing keys into nulls
-    return [{k: [_text_content(m) for m in r[k]] for k in ("prompt", "chosen", "rejected")} | {"tools": tools}
-            for r in to_preference_rows(pairs)]
+    inferred = json.dumps(tool_specs(states), ensure_ascii=False)   # a string: Arrow would merge the schemas' differing keys into nulls
+    by_id = {s.get("state_id"): s for s in states}
+    def tools(p):   # the schemas the pair's state carries (recorded, or the suite's), else those inferred from the trace's calls
+        t = p.get("tools") or (by_id.get(p.get("state_id")) or {}).get("tools")
+        return json.dumps(t, ensure_ascii=False) if t else inferred
+    return [{k: [_text_content(m) for m in r[k]] for k in ("prompt", "chosen", "rejected")} | {"tools": tools(p)}
+            for p, r in zip(pairs, to_preference_rows(pairs))]
 
 def write_trl_dataset(pairs:list[dict], # DPOPairs
                       states:list[dict], # their trace

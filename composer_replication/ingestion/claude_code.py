@@ -10,7 +10,7 @@ from typing import Iterator
 import orjson
 from ..jsonl import JsonlAppender, loads_line
 from .core import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, is_tool_name, make_ingester,
+    canonical_arguments, SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, is_tool_name, make_ingester,
     normalize_blocks, parse_student_action, record_format, redact_json, redact_secrets, render_action, tool_schemas_from_names, TraceSourceBase)
 _all_ = ["SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # re-exported from ingestion.core: they were defined here before it
@@ -176,7 +176,7 @@ class _Trace:
     def _assistant_message(self, blocks):
         keep = ("text",) if self.ing.strip_thinking else ("text", "thinking")
         m = {"role": "assistant", "content": render_action([b for b in blocks if b["type"] in keep])}
-        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _dumps(b.get("input", {}))}}
+        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": canonical_arguments(b.get("input", {}))}}
                  for b in blocks if b["type"] == "tool_use"]
         if calls: m["tool_calls"] = calls
         return m
@@ -198,10 +198,6 @@ def _valid_block(b):
     if t == "text": return isinstance(b.get("text"), str)
     if t == "thinking": return isinstance(b.get("thinking"), str)
     return isinstance(b.get("name"), str) and isinstance(b.get("input", {}), dict)
-
-def _dumps(o):
-    try: return orjson.dumps(o).decode()
-    except TypeError: return json.dumps(o, ensure_ascii=False)
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
 _BOM = b"\xef\xbb\xbf"

@@ -10,7 +10,7 @@ from typing import Iterator
 import orjson
 from ..jsonl import loads_line
 from .core import (
-    SYSTEM_PROMPT, IngestionStats, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action,
+    canonical_arguments, SYSTEM_PROMPT, IngestionStats, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action,
     tool_schemas_from_names, TraceSourceBase)
 
 # %% auto #0
@@ -84,9 +84,6 @@ def _version_tuple(v):
     m = re.match(r"(\d+)\.(\d+)\.(\d+)", v) if isinstance(v, str) else None
     return tuple(int(x) for x in m.groups()) if m else None
 
-def _dumps(o):
-    try: return orjson.dumps(o).decode()
-    except TypeError: return json.dumps(o, ensure_ascii=False)
 
 class _Rollout:
     "History, open turn and pending inputs of one rollout file."
@@ -196,7 +193,7 @@ class _Rollout:
     def _assistant_message(self, blocks):
         keep = ("text",) if self.ing.strip_thinking else ("text", "thinking")
         m = {"role": "assistant", "content": render_action([b for b in blocks if b["type"] in keep])}
-        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": _dumps(b["input"])}}
+        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": canonical_arguments(b["input"])}}
                  for b in blocks if b["type"] == "tool_use"]
         if calls: m["tool_calls"] = calls
         return m

@@ -4,12 +4,13 @@
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPT', 'TRACE_SOURCES', 'TraceState', 'is_tool_name', 'tool_schemas_from_names', 'check_tools',
-           'render_action', 'parse_student_action', 'normalize_blocks', 'as_blocks', 'action_to_message',
-           'redact_secrets', 'redact_json', 'IngestionStats', 'estimate_tokens', 'token_counter', 'TraceSource',
-           'TraceSourceBase', 'TraceSourceEntry', 'record_format', 'detect_trace_format', 'make_ingester']
+           'render_action', 'parse_student_action', 'normalize_blocks', 'as_blocks', 'canonical_arguments',
+           'action_to_message', 'redact_secrets', 'redact_json', 'IngestionStats', 'estimate_tokens', 'token_counter',
+           'TraceSource', 'TraceSourceBase', 'TraceSourceEntry', 'record_format', 'detect_trace_format',
+           'make_ingester']
 
 # %% ../../nbs/09_ingestion.core.ipynb #00cccecb
-import base64, binascii, importlib, json, re, string, unicodedata
+import base64, binascii, functools, importlib, json, re, string, unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Protocol, TypedDict, runtime_checkable
@@ -174,6 +175,20 @@ def as_blocks(action:str|list[dict], # a rendered action (`student_action` forma
     raise TypeError(f"action must be a str or a list of content blocks, got {type(action).__name__}")
 
 # %% ../../nbs/09_ingestion.core.ipynb #d03c0230
+def canonical_arguments(a:str|dict, # tool-call arguments: a dict, or the JSON text a model emitted
+                       ) -> str:
+    "The one JSON text of a tool call's arguments every stage renders: a JSON object as `json.dumps(obj, ensure_ascii=False)` (what transformers' `tojson` writes for a dict), any other string verbatim."
+    if isinstance(a, dict): return json.dumps(a, ensure_ascii=False)
+    if not isinstance(a, str): raise TypeError(f"arguments must be a dict or a JSON string, got {type(a).__name__}")
+    return _canonical_str(a)
+
+@functools.lru_cache(maxsize=1 << 16)
+def _canonical_str(a:str) -> str:
+    if not a.lstrip().startswith("{"): return a
+    try: obj = json.loads(a)
+    except (ValueError, RecursionError): return a   # not JSON (a `json_decode` error site): kept as the model emitted it
+    return json.dumps(obj, ensure_ascii=False) if isinstance(obj, dict) else a
+
 def action_to_message(action:str|list[dict], # an action: content blocks, or a rendered `student_action` string
                       keep_thinking:bool=False, # keep thinking blocks as <think>...</think> in the content
                      ) -> dict: # {"role": "assistant", "content": str, "tool_calls"?: [...]}
@@ -184,7 +199,7 @@ def action_to_message(action:str|list[dict], # an action: content blocks, or a r
         elif b["type"] == "thinking" and keep_thinking: text.append(f"<think>\n{b['thinking']}\n</think>")
         elif b["type"] == "tool_use":
             calls.append({"id": f"call_{len(calls)}", "type": "function",
-                          "function": {"name": b["name"], "arguments": json.dumps(b["input"], ensure_ascii=False)}})
+                          "function": {"name": b["name"], "arguments": canonical_arguments(b["input"])}})
     m = {"role": "assistant", "content": "\n\n".join(text)}
     if calls: m["tool_calls"] = calls
     return m

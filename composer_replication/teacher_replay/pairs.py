@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonl import JsonlStats, dumps_line, iter_jsonl, write_jsonl
-from ..ingestion.core import action_to_message, as_blocks, normalize_blocks, redact_secrets
+from ..ingestion.core import action_to_message, as_blocks, canonical_arguments, normalize_blocks, redact_secrets
 from .protocol import (DEFAULT_MAX_TOOL_CALLS, INVALID_ACTION, DPOPair, TeacherCallResult,
     TraceState, action_problem, check_states, openai_messages, redact_blocks, redact_messages, state_tool_names, student_blocks, type_name)
 
@@ -165,12 +165,20 @@ def load_pairs(path:str|Path, # JSONL written by `save_pairs`
     if st.bad: _log.warning("%s", st.report(str(path)))
     return out
 
+def _canonical_calls(m:dict) -> dict:
+    "A message whose tool calls carry `canonical_arguments`: the text the collator and the evaluator render."
+    if not m.get("tool_calls"): return m
+    calls = [{**c, "function": {**c["function"], "arguments": canonical_arguments(c["function"]["arguments"])}}
+             if isinstance(c, dict) and isinstance(c.get("function"), dict) and isinstance(c["function"].get("arguments"), (str, dict)) else c
+             for c in m["tool_calls"]]
+    return {**m, "tool_calls": calls}
+
 def to_preference_rows(pairs:Sequence[DPOPair], # pairs from `extract_dpo_pairs` / `load_pairs`
                       ) -> list[dict]: # {"prompt": messages, "chosen": [assistant msg], "rejected": [assistant msg]}
     "TRL conversational preference rows: the state's messages as prompt, one assistant message each side."
     rows = []
     for i, p in enumerate(pairs):
         check_pair(p, i)
-        rows.append({"prompt": openai_messages(p["state_messages"], instruction=None),
+        rows.append({"prompt": [_canonical_calls(m) for m in openai_messages(p["state_messages"], instruction=None)],
                      "chosen": [action_to_message(pair_action(p, "chosen"))], "rejected": [action_to_message(pair_action(p, "rejected"))]})
     return rows

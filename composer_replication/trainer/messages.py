@@ -11,13 +11,13 @@ import re
 from collections import Counter
 from typing import Any, TypedDict
 
-from ..ingestion.core import check_tools
+from ..ingestion.core import canonical_arguments, check_tools
 from ..teacher_replay import openai_messages
-_all_ = ["check_tools"]
+_all_ = ["check_tools", "canonical_arguments"]
 
 # %% auto #0
-__all__ = ['TraceTurn', 'TokenizerLike', 'canonical_arguments', 'render_conversation', 'assistant_spans', 'encode_text',
-           'tokenize_conversation', 'clean_text', 'messages_from_turns', 'check_tools']
+__all__ = ['TraceTurn', 'TokenizerLike', 'render_conversation', 'assistant_spans', 'encode_text', 'tokenize_conversation',
+           'clean_text', 'messages_from_turns', 'check_tools', 'canonical_arguments']
 
 # %% ../../nbs/19_trainer.messages.ipynb #0de8dadf
 class TraceTurn(TypedDict, total=False):
@@ -39,20 +39,6 @@ class TokenizerLike:
     def apply_chat_template(self, messages:list[dict], **kwargs:Any) -> str|list[int]: ...
 
 # %% ../../nbs/19_trainer.messages.ipynb #47b8906d
-def canonical_arguments(a:str|dict, # tool-call arguments: a dict, or the JSON text a model emitted
-                       ) -> str:
-    "The one JSON text of a tool call's arguments every stage renders: a JSON object as `json.dumps(obj, ensure_ascii=False)` (what transformers' `tojson` writes for a dict), any other string verbatim."
-    if isinstance(a, dict): return json.dumps(a, ensure_ascii=False)
-    if not isinstance(a, str): raise TypeError(f"arguments must be a dict or a JSON string, got {type(a).__name__}")
-    return _canonical_str(a)
-
-@functools.lru_cache(maxsize=1 << 16)
-def _canonical_str(a:str) -> str:
-    if not a.lstrip().startswith("{"): return a
-    try: obj = json.loads(a)
-    except (ValueError, RecursionError): return a   # not JSON (a `json_decode` error site): kept as the model emitted it
-    return json.dumps(obj, ensure_ascii=False) if isinstance(obj, dict) else a
-
 _OPEN, _CLOSE = "\ue000", "\ue001"   # private-use marks around a special token's spelling that is content, not markup
 _PROTECTED = re.compile(f"{_OPEN}(.*?){_CLOSE}", re.S)
 

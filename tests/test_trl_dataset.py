@@ -40,6 +40,11 @@ def trl_dir(tmp_path_factory):
     return d/"trl"
 
 
+def states_tools(trl_dir):
+    "The tool schemas the ingested states carry (every state of the sample session the same list)."
+    return json.loads((trl_dir.parent/"states.jsonl").read_text().splitlines()[0])["tools"]
+
+
 def test_load_dataset_reads_trl_columns(trl_dir):
     from trl.data_utils import is_conversational
     ds = datasets.load_dataset(str(trl_dir), split="train")
@@ -53,7 +58,8 @@ def test_load_dataset_reads_trl_columns(trl_dir):
     assert any(m["role"] == "tool" for m in ex["prompt"]) and all(isinstance(m["content"], str) for m in ex["prompt"])
     tools = json.loads(ex["tools"])                                # DPOTrainer json.loads a string `tools` itself
     assert {"Edit", "Read", "Bash"} <= {t["function"]["name"] for t in tools}
-    assert all(t["type"] == "function" and t["function"]["parameters"]["type"] == "object" for t in tools)
+    assert all(t["type"] == "function" and t["function"].get("parameters", {"type": "object"})["type"] == "object" for t in tools)
+    assert tools == json.loads(json.dumps(states_tools(trl_dir)))    # the tools the states carry: the ones the collator renders
 
 
 def test_dpo_trainer_trains_on_it(trl_dir, tmp_path):

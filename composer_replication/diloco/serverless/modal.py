@@ -97,7 +97,7 @@ class ModalExecutor:
         launch = uuid.uuid4().hex[:8]; handles: list[ReplicaHandle] = []
         try:
             for rank in range(n_replicas):
-                call = fn.spawn(ep, kwargs, rank, rank_env, n_replicas, launch)
+                call = fn.spawn(ep, kwargs, rank, rank_env, n_replicas, launch_id=launch)
                 key = f"{launch}/{rank}"
                 self._calls[key] = {"call": call, "status": "running", "result": None, "error": None}
                 handles.append(ReplicaHandle(rank, self.backend_name, {"function_call_id": call.object_id, "key": key, "gpu": gpu, "start_ts": time.time()}))

@@ -191,8 +191,11 @@ class ComposerDataCollator:
             if not sites: return (s_ids, s_own, s_ids, s_own)
             t_ids, t_own = tokenize_conversation(self.tokenizer, t_msgs, tools)
             return (s_ids, s_own, t_ids, [t_of[o] if o >= 0 else -1 for o in t_own])
-        (s_ids, s_own, t_ids, t_own), c = _fit(build, len(cands), lambda r: len(r[0]) <= L and len(r[2]) <= L)
+        (s_ids, s_own, t_ids, t_own), c = _fit(build, len(cands), lambda r: len(r[0]) <= L)   # channel 1 first: the latest turns that fit
         if c > 0: self.stats["rows_turns_dropped"] += 1
+        if len(t_ids) > L:   # the hints do not fit with the same turns: the teacher drops older turns of its own (earlier targets are lost, counted)
+            (_, _, t_ids, t_own), c2 = _fit(lambda k: build(c + k), len(cands) - c, lambda r: len(r[2]) <= L)
+            self.stats["teacher_turns_dropped"] += 1
         whole = Counter(o for o in s_own if o in sites)  # target tokens before any token cut
         if len(s_ids) > L or len(t_ids) > L:
             self.stats["rows_token_cut"] += 1

@@ -268,7 +268,7 @@ def _patch(a, b):
         out.append({"oldStart": i1 + 1, "oldLines": i2 - i1, "newStart": j1 + 1, "newLines": j2 - j1, "lines": lines})
     return out
 
-# %% ../nbs/24a_task_suite_repos.ipynb #a1e8162f
+# %% ../nbs/24a_task_suite_repos.ipynb #fbe206c6
 def _fn(name, description, props, required):
     return {"type": "function", "function": {"name": name, "description": description,
             "parameters": {"type": "object", "properties": props, "required": required}}}

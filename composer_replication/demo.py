@@ -49,9 +49,9 @@ DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model
 DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
 DEMO_SIZES = {  # per student: the defaults of the size fields left None, how many top decoder layers train (None: all),
                 # and the generation cap of the before/after greedy next actions (see "Sizes" below for the why)
-    "smollm2-135m-instruct": {"steps": 10, "lr": 1e-4, "max_seq_len": 512, "max_dpo_seq_len": 384, "train_layers": 4, "eval_new_tokens": 64},
-    "tiny":   {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 384, "train_layers": None, "eval_new_tokens": 24},
-    "folder": {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 384, "train_layers": None, "eval_new_tokens": 64},
+    "smollm2-135m-instruct": {"steps": 10, "lr": 1e-4, "max_seq_len": 512, "max_dpo_seq_len": 512, "train_layers": 4, "eval_new_tokens": 64},
+    "tiny":   {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 24},
+    "folder": {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 64},
 }
 
 def demo_sizes(model:str|os.PathLike|None, # a `--model` value: a built-in student name or a model folder (None: "tiny")
@@ -377,9 +377,11 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     ccfg = CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
                           hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len)
     collator = ComposerDataCollator(tok, ccfg)
+    n_traces = len(examples)
+    if ccfg.windows: examples = collator.windows(examples)   # as the trainer does: windows that each fit, opening with the system prompt and the task
     probe = collator(examples)
     t_collate = time.perf_counter() - t1
-    say(f"[3/6] collated {len(examples)} example(s): {probe['input_ids'].shape[1]} tokens, "
+    say(f"[3/6] collated {n_traces} trace(s) into {len(examples)} row(s) of at most {probe['input_ids'].shape[1]} tokens: "
         f"{collator.stats['sdpo_targets']} SDPO targets, {probe.get('dpo_row', []).__len__()} DPO pairs")
     # the behaviour report scores each pair alone, through a collator of the same sizes (the training one's stats stay the run's)
     watch = lambda: behaviour_snapshot(model, tok, ComposerDataCollator(tok, ccfg), states, pairs,

@@ -24,11 +24,11 @@ def run_cli(*argv):
 
 def test_train_config_reproduces_a_demo_run(tmp_path):
     from composer_replication.demo import DemoConfig, run_demo
-    cfg = DemoConfig(model="tiny", out=str(tmp_path), name="r", steps=2, max_seq_len=640, max_dpo_seq_len=320)
+    cfg = DemoConfig(model="tiny", out=str(tmp_path), name="r", steps=2, max_seq_len=3072, max_dpo_seq_len=512)   # the session fits one row: every channel every step
     run_demo(cfg, progress=False)
     run = tmp_path/"r"
     r = load_recipe(run/"recipe.yaml")     # the demo wrote it, beside the run's data
-    assert (r.loss, r.collator["max_seq_len"], r.collator["max_dpo_seq_len"], r.training["max_steps"], r.train_layers) == (cfg.loss, 640, 320, 2, None)
+    assert (r.loss, r.collator["max_seq_len"], r.collator["max_dpo_seq_len"], r.training["max_steps"], r.train_layers) == (cfg.loss, 3072, 512, 2, None)
     assert (r.data.states, r.data.pairs, r.model) == (str(run/"states.jsonl"), str(run/"pairs.jsonl"), "tiny")
     rc, out, err = run_cli("train", "--config", run/"recipe.yaml", "--quiet")
     assert rc == 0, err
@@ -67,7 +67,7 @@ def test_grpo_recipe_trains(tmp_path, monkeypatch):
         "mode: grpo\nmodel: tiny\noutput_dir: out\n"
         "data: {states: states.jsonl, pairs: pairs.jsonl, prompts: prompts.jsonl}\n"
         "grpo: {reward: 'my_rewards:uses_tool', trace_batch_size: 1}\n"
-        "collator: {max_seq_len: 512, max_dpo_seq_len: 256}\n"
+        "collator: {max_seq_len: 3072, max_dpo_seq_len: 512}\n"   # the session in one row: both trace channels every step
         "training: {max_steps: 2, per_device_train_batch_size: 4, num_generations: 4, max_completion_length: 8,\n"
         "           learning_rate: 1.0e-3, bf16: false, gradient_checkpointing: false, use_cpu: true}\n")
     rc, out, err = run_cli("train", "--config", tmp_path/"grpo.yaml")

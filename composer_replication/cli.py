@@ -166,7 +166,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--beta-replay", dest="beta_replay", type=float, help="channel-3 (DPO) weight (default: 0.5)")
     s.add_argument("--max-usd", dest="max_total_usd", type=float, help="replay budget in USD, never exceeded (default: 1.0)")
     s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence (default per model: 512 for smollm2-135m-instruct, 768 for tiny or a folder)")
-    s.add_argument("--max-dpo-seq-len", dest="max_dpo_seq_len", type=int, help="token cap per DPO sequence (default: 384)")
+    s.add_argument("--max-dpo-seq-len", dest="max_dpo_seq_len", type=int, help="token cap per DPO sequence, both sides sharing one prompt (default: 512)")
+    s.add_argument("--no-windows", dest="windows", action="store_const", const=False,
+                   help="train a session longer than --max-seq-len as one row cut from the left (default: windows that each open with the system prompt and the task)")
+    s.add_argument("--solution-sources", dest="solution_sources", type=lambda v: tuple(x for x in v.split(",") if x),
+                   help="what the SDPO hints may state as the solution: teachers,hindsight (default), teachers, hindsight, or '' for none")
     s.add_argument("--seed", dest="seed", type=int, help="seed, 0 <= seed < 2**32 (default: 0)")
     s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())} (default: auto)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")

@@ -43,7 +43,7 @@ FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
     "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
     "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
-    "source": "--source"}
+    "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources"}
 
 DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model says otherwise
 DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
@@ -108,6 +108,8 @@ class DemoConfig:
     seed: int = 0                 # seeds the tiny model's weights and the trainer (numpy needs 0 <= seed < 2**32)
     source: str = "auto"          # the session's trace source: "auto" (detected from the file), "claude-code" or "codex"
     loss: LossConfig|dict|None = None  # every loss option (a LossConfig, or a dict of its fields from a recipe file); the weights above override its own
+    windows: bool = True          # split a session longer than max_seq_len into windows (`trace_windows`); False: one left-cut row
+    solution_sources: tuple[str, ...] = ("teachers", "hindsight")  # what the SDPO hints may state as the solution ("teachers", "hindsight", both, none)
 
     def __post_init__(self):
         if self.model is None: self.model = "tiny"   # what None meant before the real student was the default
@@ -119,6 +121,12 @@ class DemoConfig:
         for k, lo, hi in (("steps", 1, None), ("max_seq_len", 2, None), ("max_dpo_seq_len", 2, None), ("seed", 0, 2**32 - 1)):
             setattr(self, k, _int(k, getattr(self, k), lo, hi))
         self.lr = _real("lr", self.lr, positive=True)
+        if not isinstance(self.windows, bool): raise _bad("windows", f"must be a bool, got {self.windows!r}", TypeError)
+        from composer_replication.trainer.windows import SOLUTION_SOURCES
+        src = tuple(self.solution_sources) if isinstance(self.solution_sources, (list, tuple)) else self.solution_sources
+        if not isinstance(src, tuple) or set(src) - set(SOLUTION_SOURCES):
+            raise _bad("solution_sources", f"must be a subset of {', '.join(SOLUTION_SOURCES)}, got {self.solution_sources!r}")
+        self.solution_sources = src
         from composer_replication.ingestion.core import TRACE_SOURCES
         if not isinstance(self.source, str) or (self.source != "auto" and self.source not in TRACE_SOURCES):
             raise _bad("source", f"must be auto or one of {sorted(TRACE_SOURCES)}, got {self.source!r}")
@@ -375,7 +383,8 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     t1 = time.perf_counter()
     examples = trace_examples_from_states(states, pairs=pairs, final_reward=None)
     ccfg = CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
-                          hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len)
+                          hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len,
+                          windows=cfg.windows, solution_sources=cfg.solution_sources)
     collator = ComposerDataCollator(tok, ccfg)
     n_traces = len(examples)
     if ccfg.windows: examples = collator.windows(examples)   # as the trainer does: windows that each fit, opening with the system prompt and the task

@@ -638,6 +638,7 @@ def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read b
                   name=name or getattr(cfg, "name", None),
                   data=DataSpec(states="states.jsonl", pairs="pairs.jsonl", repeat=cfg.steps),
                   loss=cfg.loss if isinstance(cfg.loss, LossConfig) else LossConfig.from_dict(cfg.loss or {}),
-                  collator={"max_seq_len": cfg.max_seq_len, "max_dpo_seq_len": cfg.max_dpo_seq_len, "hint_generator": "dispatch"},
+                  collator={"max_seq_len": cfg.max_seq_len, "max_dpo_seq_len": cfg.max_dpo_seq_len, "hint_generator": "dispatch",
+                            "windows": getattr(cfg, "windows", True), "solution_sources": list(getattr(cfg, "solution_sources", ("teachers", "hindsight")))},
                   training={"max_steps": cfg.steps, "learning_rate": cfg.lr, "per_device_train_batch_size": 1, "logging_steps": 1,
                             "save_strategy": "no", "lr_scheduler_type": "constant", "report_to": "none", "disable_tqdm": True})

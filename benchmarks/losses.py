@@ -8,8 +8,8 @@ glibc malloc told to return memory (so RSS follows the allocator). Sizes are DES
 
 Generalized JSD (beta=0.5, teacher under no_grad, 1/8 of the tokens masked):
   jsd_naive       generalized_jsd_loss on full (N, V) logits (composer_replication.opsd)
-  jsd_ours        linear_generalized_jsd_loss, chunk_size=1024 (composer_replication.opsd; compiled=None picks the
-                  torch.compile'd per-chunk kernel at these sizes, with its eager fallback below)
+  jsd_ours        linear_generalized_jsd_loss, chunk_size=1024, compiled=True (composer_replication.opsd: the
+                  torch.compile'd per-chunk kernel; the default, compiled=None, compiles on CUDA only, where it pays)
   jsd_ours_eager  the same with compiled=False (the uncompiled path)
   jsd_trl         trl.experimental.gkd.GKDTrainer.generalized_jsd_loss on full logits
   jsd_liger       liger_kernel.chunked_loss.LigerFusedLinearJSDLoss, eager (compiled=False)
@@ -94,7 +94,7 @@ def _build(impl, size, seed=0, inputs=None):
             return generalized_jsd_loss(hs @ W.T, zt, labels)
     elif impl == "jsd_ours":
         from composer_replication.opsd import linear_generalized_jsd_loss
-        def step(): return linear_generalized_jsd_loss(hs, ht, W, labels, teacher_weight=W.detach(), chunk_size=1024)
+        def step(): return linear_generalized_jsd_loss(hs, ht, W, labels, teacher_weight=W.detach(), chunk_size=1024, compiled=True)
     elif impl == "jsd_ours_eager":
         from composer_replication.opsd import linear_generalized_jsd_loss
         def step(): return linear_generalized_jsd_loss(hs, ht, W, labels, teacher_weight=W.detach(), chunk_size=1024, compiled=False)

@@ -124,7 +124,8 @@ def _cmd_eval(args) -> int:
     except ValueError as e: return _fail(e)
     _stage("evaluating")
     return eval_command(args.sessions, args.expected, args.model, args.out, max_new_tokens=args.max_new_tokens,
-                        max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet)
+                        max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet,
+                        windows=args.windows)
 
 def _sources() -> list[str]:
     from composer_replication.ingestion.core import TRACE_SOURCES
@@ -165,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--alpha-sdpo", dest="alpha_sdpo", type=float, help="channel-2 (SDPO) weight (default: 0.5)")
     s.add_argument("--beta-replay", dest="beta_replay", type=float, help="channel-3 (DPO) weight (default: 0.5)")
     s.add_argument("--max-usd", dest="max_total_usd", type=float, help="replay budget in USD, never exceeded (default: 1.0)")
-    s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence (default per model: 512 for smollm2-135m-instruct, 768 for tiny or a folder)")
+    s.add_argument("--max-seq-len", dest="max_seq_len", type=int, help="token cap per sequence; a longer session is trained as windows (default per model: 1536 for smollm2-135m-instruct, 3072 for tiny, 768 for a folder)")
     s.add_argument("--max-dpo-seq-len", dest="max_dpo_seq_len", type=int, help="token cap per DPO sequence, both sides sharing one prompt (default: 512)")
     s.add_argument("--no-windows", dest="windows", action="store_const", const=False,
                    help="train a session longer than --max-seq-len as one row cut from the left (default: windows that each open with the system prompt and the task)")
@@ -185,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-states", type=int, default=None, help="evaluate only the first N states")
     s.add_argument("--batch-size", type=int, default=8, help="states per generation batch (default: 8)")
     s.add_argument("--device", default=None, help="cpu, cuda, ... (default: the model's)")
+    s.add_argument("--no-windows", dest="windows", action="store_false", default=True,
+                   help="cut a prompt that does not fit to its latest tokens (default: keep the system prompt, the task and the latest whole steps)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_eval)
     p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error (default: one line)")

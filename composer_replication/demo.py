@@ -49,8 +49,8 @@ DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model
 DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
 DEMO_SIZES = {  # per student: the defaults of the size fields left None, how many top decoder layers train (None: all),
                 # and the generation cap of the before/after greedy next actions (see "Sizes" below for the why)
-    "smollm2-135m-instruct": {"steps": 10, "lr": 1e-4, "max_seq_len": 512, "max_dpo_seq_len": 512, "train_layers": 4, "eval_new_tokens": 64},
-    "tiny":   {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 24},
+    "smollm2-135m-instruct": {"steps": 10, "lr": 1e-4, "max_seq_len": 1536, "max_dpo_seq_len": 512, "train_layers": 4, "eval_new_tokens": 64},
+    "tiny":   {"steps": 30, "lr": 3e-3, "max_seq_len": 3072, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 24},
     "folder": {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 64},
 }
 

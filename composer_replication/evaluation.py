@@ -411,6 +411,7 @@ def eval_command(sessions:str, # a session .jsonl, a folder of them, or a split 
                  batch_size:int=8, # states per batch
                  device:str|None=None, # "cpu", "cuda:0", ...; None => CPU
                  progress:bool=True, # a tqdm bar on stderr
+                 windows:bool=True, # a prompt that does not fit keeps the system prompt, the task and the latest whole steps (False: the latest tokens)
                 ) -> int: # exit status: 0 ok, 2 bad input
     "CLI body: evaluate a student on sessions with expected actions, write the records and the summary, print the rates."
     def fail(msg): print(f"error: {msg}", file=sys.stderr); return 2
@@ -425,7 +426,8 @@ def eval_command(sessions:str, # a session .jsonl, a folder of them, or a split 
     except ValueError as e: return fail(str(e))
     try: m, tok = load_student(model, device=device)
     except (FileNotFoundError, ModuleNotFoundError, ValueError, TypeError) as e: return fail(f"cannot load model {str(model)!r}: {e}")
-    try: res = evaluate_agent(m, tok, sp, ef, max_new_tokens=max_new_tokens, max_states=max_states, batch_size=batch_size, progress=progress)
+    try: res = evaluate_agent(m, tok, sp, ef, max_new_tokens=max_new_tokens, max_states=max_states, batch_size=batch_size, progress=progress,
+                                   windows=windows)
     except (FileNotFoundError, ValueError) as e: return fail(str(e))
     try:
         op.mkdir(parents=True, exist_ok=True)

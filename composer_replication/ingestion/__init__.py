@@ -4,19 +4,20 @@
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPT', 'TRACE_SOURCES', 'IngestionStats', 'TraceSource', 'TraceSourceBase', 'TraceSourceEntry', 'TraceState',
-           'action_to_message', 'as_blocks', 'check_tools', 'detect_trace_format', 'estimate_tokens', 'is_tool_name',
-           'make_ingester', 'normalize_blocks', 'parse_student_action', 'record_format', 'redact_json',
-           'redact_secrets', 'render_action', 'token_counter', 'tool_schemas_from_names', 'ClaudeCodeIngester',
-           'ingest_command', 'CodexIngester', 'is_injected_context', 'parse_tool_output']
+           'action_to_message', 'as_blocks', 'canonical_arguments', 'check_tools', 'detect_trace_format',
+           'estimate_tokens', 'is_tool_name', 'make_ingester', 'normalize_blocks', 'parse_student_action',
+           'record_format', 'redact_json', 'redact_secrets', 'render_action', 'token_counter',
+           'tool_schemas_from_names', 'ClaudeCodeIngester', 'ingest_command', 'CodexIngester', 'is_injected_context',
+           'parse_tool_output']
 
 # %% ../../nbs/12_ingestion.ipynb #ef99f548
 from .core import (
     SYSTEM_PROMPT, TRACE_SOURCES, IngestionStats, TraceSource, TraceSourceBase, TraceSourceEntry, TraceState, action_to_message, as_blocks,
-    check_tools, detect_trace_format, estimate_tokens, is_tool_name, make_ingester, normalize_blocks, parse_student_action, record_format,
+    canonical_arguments, check_tools, detect_trace_format, estimate_tokens, is_tool_name, make_ingester, normalize_blocks, parse_student_action, record_format,
     redact_json, redact_secrets, render_action, token_counter, tool_schemas_from_names)
 from .claude_code import ClaudeCodeIngester, ingest_command
 from .codex import CodexIngester, is_injected_context, parse_tool_output
 _all_ = ["SYSTEM_PROMPT", "TRACE_SOURCES", "IngestionStats", "TraceSource", "TraceSourceBase", "TraceSourceEntry", "TraceState", "action_to_message",
-         "as_blocks", "check_tools", "detect_trace_format", "estimate_tokens", "is_tool_name", "make_ingester", "normalize_blocks",
+         "as_blocks", "canonical_arguments", "check_tools", "detect_trace_format", "estimate_tokens", "is_tool_name", "make_ingester", "normalize_blocks",
          "parse_student_action", "record_format", "redact_json", "redact_secrets", "render_action", "token_counter", "tool_schemas_from_names",
          "ClaudeCodeIngester", "ingest_command", "CodexIngester", "is_injected_context", "parse_tool_output"]

@@ -346,6 +346,7 @@ async def replay_trace(
     def redact(x): return scrub(redact_secrets(str(x)))
     # what is sent is redacted again: the states may come from an older version, or be written by hand
     tools = scrub(redact_json(tool_specs(states) if tools is None else tools))
+    if journal is not None and Path(journal).exists(): check_journal(journal, states, teachers)   # another run's journal: refused before the lock is touched
     # one process per journal: a second one gets JournalBusy before it sends or writes anything
     with (journal_lock(journal) if journal is not None else contextlib.nullcontext()):
         # what the journal already holds

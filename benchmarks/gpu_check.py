@@ -122,7 +122,7 @@ def make_inputs(size, sizes, device, dtype, seed=0):
     return hs, ht, W, labels.to(device)
 
 
-def step_impls(student, device, dtype, max_seq_len=640, max_dpo_seq_len=320, train_layers=None, alpha=0.5, beta=0.5, only=None):
+def step_impls(student, device, dtype, max_seq_len=1024, max_dpo_seq_len=512, train_layers=None, alpha=0.5, beta=0.5, only=None):
     "Closures doing one optimizer step of the three channels together and of each alone, on the collated sample batch."
     import copy
     import torch
@@ -242,7 +242,7 @@ def main(argv=None):
     ap.add_argument("--device", default=None); ap.add_argument("--dtype", default=None, help="torch dtype name, e.g. bfloat16")
     ap.add_argument("--no-steps", action="store_true", help="skip the three-channel step")
     ap.add_argument("--steps-only", action="store_true", help="only the three-channel step (no kernel sizes)")
-    ap.add_argument("--max-seq-len", type=int, default=640); ap.add_argument("--max-dpo-seq-len", type=int, default=320)
+    ap.add_argument("--max-seq-len", type=int, default=1024); ap.add_argument("--max-dpo-seq-len", type=int, default=512)   # DPO sides share one prompt with the tool list
     ap.add_argument("--train-layers", type=int, default=None, help="train only the top N decoder layers (the ablation: 8)")
     ap.add_argument("--alpha", type=float, default=0.5); ap.add_argument("--beta", type=float, default=0.5)
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {STEPS}: only these steps, in this process (for its peak RSS)")

@@ -31,7 +31,7 @@ PAIR_FIXES = {2: '[TOOL_USE] name=Edit input={"file_path": "/home/user/calc/calc
               6: '[TOOL_USE] name=Read input={"file_path": "/home/user/calc/tests/test_calc.py"}'}
 
 
-def _setup(tok=None, max_seq_len=640, max_dpo_seq_len=320):
+def _setup(tok=None, max_seq_len=1024, max_dpo_seq_len=512):
     "(tokenizer, trace examples with two DPO pairs, collator) from the sample session; `tok` defaults to the project's tiny one."
     import importlib.resources
     import torch

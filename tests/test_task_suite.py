@@ -74,7 +74,7 @@ def test_same_bytes_under_any_hash_seed(tmp_path):
         subprocess.run([sys.executable, "-c", code, str(tmp_path/h)], check=True, env={**os.environ, "PYTHONHASHSEED": h})
     tree = lambda d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
     a, b = tree(tmp_path/"0"), tree(tmp_path/"12345")
-    assert len(a) == 12 + 5 + 4 and a == b
+    assert len(a) == 12 + 5 + 6 and a == b   # sessions, and expected.jsonl, tools.json, manifest.json per split
 
 
 @pytest.mark.parametrize("seed", [1, 2])

@@ -14,7 +14,7 @@ from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester
 from .trainer.data_collator import assistant_spans, render_conversation
-from .trainer.messages import check_tools, encode_text
+from .trainer.messages import check_tools, encode_text, plain_text
 from .trainer.windows import _fit, _step_points
 
 # %% auto #0
@@ -314,8 +314,8 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
         return out
     for s in matched:
         r, tools = by_id[s["state_id"]], check_tools(s.get("tools"), f"state {s['state_id']!r:.60}: tools")
-        prompt = render_conversation(tokenizer, s["messages"], add_generation_prompt=True, tools=tools)
         prompt_p = render_conversation(tokenizer, s["messages"], add_generation_prompt=True, tools=tools, protect=True)
+        prompt = plain_text(prompt_p)   # what a generate_fn is given: the same rendering, unmarked (rendered once)
         it = {"state": s, "row": r, "prompt": prompt, "prompt_p": prompt_p, "tools": tools, "truncated": False, "n_prompt": None}
         it["replies"] = replies(it, s["messages"], prompt_p)
         items.append(it)

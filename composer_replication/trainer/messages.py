@@ -16,8 +16,8 @@ from ..teacher_replay import openai_messages
 _all_ = ["check_tools", "canonical_arguments"]
 
 # %% auto #0
-__all__ = ['TraceTurn', 'TokenizerLike', 'render_conversation', 'assistant_spans', 'encode_text', 'tokenize_conversation',
-           'clean_text', 'messages_from_turns', 'check_tools', 'canonical_arguments']
+__all__ = ['TraceTurn', 'TokenizerLike', 'render_conversation', 'assistant_spans', 'plain_text', 'encode_text',
+           'tokenize_conversation', 'clean_text', 'messages_from_turns', 'check_tools', 'canonical_arguments']
 
 # %% ../../nbs/19_trainer.messages.ipynb #0de8dadf
 class TraceTurn(TypedDict, total=False):
@@ -136,6 +136,11 @@ def assistant_spans(tokenizer:TokenizerLike, # has a chat template and an `eos_t
     return full, spans
 
 # %% ../../nbs/19_trainer.messages.ipynb #759fe7a1
+def plain_text(rendering:str, # a rendering made with `protect=True`
+              ) -> str: # the same rendering without the marks: what `protect=False` renders
+    "A marked rendering as plain text (the marks only wrap the content's own spelling)."
+    return rendering.replace(_OPEN, "").replace(_CLOSE, "")
+
 def encode_text(tokenizer:TokenizerLike, # a Hugging Face tokenizer
                 texts:list[str], # renderings, with special-token spellings of content marked (`protect=True`)
                ) -> list[list[int]]: # ids per text

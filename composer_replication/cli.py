@@ -125,7 +125,7 @@ def _cmd_eval(args) -> int:
     _stage("evaluating")
     return eval_command(args.sessions, args.expected, args.model, args.out, max_new_tokens=args.max_new_tokens,
                         max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet,
-                        windows=args.windows)
+                        windows=args.windows, greedy=args.greedy, stop_at_first_call=args.first_call)
 
 def _sources() -> list[str]:
     from composer_replication.ingestion.core import TRACE_SOURCES
@@ -188,6 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default=None, help="cpu, cuda, ... (default: the model's)")
     s.add_argument("--no-windows", dest="windows", action="store_false", default=True,
                    help="cut a prompt that does not fit to its latest tokens (default: keep the system prompt, the task and the latest whole steps)")
+    s.add_argument("--no-greedy", dest="greedy", action="store_false", default=True,
+                   help="no generation: only the teacher-forced scores (the recovery margins and preference accuracy; fast)")
+    s.add_argument("--first-call", dest="first_call", action="store_true",
+                   help="end each generation at the end of its first tool call (recovery states have one right call)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_eval)
     p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error (default: one line)")

@@ -18,7 +18,8 @@ from .trainer.messages import check_tools, encode_text, plain_text
 from .trainer.windows import _fit, _step_points
 
 # %% auto #0
-__all__ = ['Z95', 'CI_METHOD', 'wilson_interval', 'rate', 'summarize_records', 'format_summary', 'EvalResult', 'evaluate_agent',
+__all__ = ['Z95', 'CI_METHOD', 'MARGINS', 'BOOTSTRAP', 'wilson_interval', 'rate', 'bootstrap_ci', 'margin_summary',
+           'paired_difference', 'summarize_records', 'format_summary', 'EvalResult', 'evaluate_agent', 'hint_gaps',
            'eval_command']
 
 # %% ../nbs/26_evaluation.ipynb #56d3d639
@@ -48,6 +49,54 @@ def rate(flags:Sequence[bool|None], # one outcome per item; None = not applicabl
     return {"k": k, "n": n, "rate": k / n if n else math.nan, "ci95": list(wilson_interval(k, n))}
 
 # %% ../nbs/26_evaluation.ipynb #19eea019
+MARGINS = ("margin_repeat", "margin_recorded")   # per-token log-prob margins of the right call at error-recovery states
+BOOTSTRAP = "percentile bootstrap over states, 95%, 2,000 resamples, seeded"
+
+def bootstrap_ci(values:Sequence[float], # one number per state (None and nan left out)
+                 n_boot:int=2000, # resamples
+                 seed:int=0, # the resampling is a pure function of the values and the seed
+                 level:float=0.95, # two-sided coverage
+                ) -> dict: # {"mean", "ci95": [low, high], "n"}; mean and bounds None when there is no value
+    "Mean of per-state values and its percentile-bootstrap interval over states."
+    import random
+    xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    n = len(xs)
+    if n == 0: return {"mean": None, "ci95": [None, None], "n": 0}
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(xs, k=n)) / n for _ in range(n_boot))
+    a = (1 - level) / 2
+    return {"mean": sum(xs) / n, "ci95": [means[int(a * (n_boot - 1))], means[int(round((1 - a) * (n_boot - 1)))]], "n": n}
+
+def margin_summary(records:Sequence[dict], # evaluation records (those without the key are left out)
+                   key:str="margin_repeat", # "margin_repeat" or "margin_recorded"
+                  ) -> dict: # `bootstrap_ci` of the key over the records that have it
+    "Mean margin over states with its bootstrap interval."
+    return bootstrap_ci([r.get(key) for r in records])
+
+def paired_difference(a:Sequence, # records of config A: one list per seed (or one list)
+                      b:Sequence, # records of config B, likewise; every seed of both must cover the same states
+                      key:str="margin_repeat", # the per-state number compared
+                      seed:int=0, # bootstrap seed
+                     ) -> dict: # {"mean_diff", "ci95", "n_states", "per_state": [{"state_id", "scenario", "a", "b", "diff"}]}
+    "Per state, A's value averaged over its seeds minus B's: the mean difference and its bootstrap interval over states."
+    def per_state(runs, name):
+        runs = [runs] if runs and isinstance(runs[0], dict) else list(runs)
+        if not runs: raise ValueError(f"{name}: no records")
+        ids = [{r["state_id"] for r in recs if r.get(key) is not None} for recs in runs]
+        if any(s != ids[0] for s in ids): raise ValueError(f"{name}: its seeds cover different states for {key}")
+        vals, scen = {}, {}
+        for recs in runs:
+            for r in recs:
+                if r.get(key) is None: continue
+                vals.setdefault(r["state_id"], []).append(float(r[key])); scen[r["state_id"]] = r.get("scenario")
+        return {k: sum(v) / len(v) for k, v in vals.items()}, scen
+    va, scen = per_state(a, "a"); vb, _ = per_state(b, "b")
+    if set(va) != set(vb):
+        raise ValueError(f"a and b cover different states for {key}: {len(set(va) - set(vb))} only in a, {len(set(vb) - set(va))} only in b")
+    rows = [{"state_id": k, "scenario": scen.get(k), "a": va[k], "b": vb[k], "diff": va[k] - vb[k]} for k in sorted(va)]
+    ci = bootstrap_ci([r["diff"] for r in rows], seed=seed)
+    return {"key": key, "mean_diff": ci["mean"], "ci95": ci["ci95"], "n_states": ci["n"], "per_state": rows}
+
 _RECORD_KEYS = ("state_id", "session_id", "error_recovery", "correct", "well_formed", "preference_correct", "expected_tools", "stop")
 
 def summarize_records(records:Sequence[dict], # per-state records from `evaluate_agent` (or read back from its JSONL)
@@ -73,6 +122,9 @@ def summarize_records(records:Sequence[dict], # per-state records from `evaluate
         "stops": dict(sorted(stops.items())),
         "prompts_truncated": sum(bool(r.get("prompt_truncated")) for r in recs),
         "prompts_steps_dropped": sum(bool(r.get("prompt_steps_dropped")) for r in recs),
+        **{k: margin_summary(rec, k) for k in MARGINS},
+        "margins_by_scenario": {sc: {k: margin_summary([r for r in rec if str(r.get("scenario")) == sc], k) for k in MARGINS}
+                                for sc in sorted({str(r.get("scenario")) for r in rec if r.get("margin_repeat") is not None})},
     }
 
 _HEADLINE = (("recovery_accuracy", "recovery accuracy (error states)"), ("next_action_accuracy", "next-action accuracy (other states)"),
@@ -87,7 +139,10 @@ def format_summary(summary:dict, # from `summarize_records` or `evaluate_agent`
         return f"  {label:<38}{r['k']:>5}/{r['n']:<5} {r['rate']:6.3f}  {ci}"
     lines = [row(label, summary[k]) for k, label in _HEADLINE]
     lines += [row(f"  recovery, {kind}", r) for kind, r in summary.get("recovery_by_kind", {}).items()]
-    return "\n".join(lines + [f"  ({summary.get('ci_method', CI_METHOD)})"])
+    for k, label in (("margin_repeat", "margin vs the failing call repeated"), ("margin_recorded", "margin vs the recorded wrong action")):
+        m = summary.get(k) or {}
+        if m.get("n"): lines.append(f"  {label:<38}{m['n']:>5} states {m['mean']:+.3f}  [{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}]")
+    return "\n".join(lines + [f"  ({summary.get('ci_method', CI_METHOD)}; margins: mean log p per token, {BOOTSTRAP})"])
 
 # %% ../nbs/26_evaluation.ipynb #c9531808
 def _states(sessions, ingester):
@@ -123,8 +178,8 @@ def _positive(name, v, none_ok=False):
 
 # %% ../nbs/26_evaluation.ipynb #1821f31c
 def _reply_text(tokenizer, messages, action, prompt_text, tools=None):
-    "(prompt text, assistant turn text up to its end-of-turn token) of `action` as the reply to `messages`, special spellings marked; None if it cannot be located."
-    msgs = list(messages) + [action_to_message(action)]
+    "(prompt text, assistant turn text up to its end-of-turn token) of `action` (an action string or an assistant message) as the reply to `messages`, special spellings marked; None if it cannot be located."
+    msgs = list(messages) + [action if isinstance(action, dict) else action_to_message(action)]
     full = render_conversation(tokenizer, msgs, tools=tools, protect=True)
     if full.startswith(prompt_text): pre, seg = prompt_text, full[len(prompt_text):]
     else:
@@ -135,6 +190,23 @@ def _reply_text(tokenizer, messages, action, prompt_text, tools=None):
     eos = getattr(tokenizer, "eos_token", None)
     k = seg.rfind(eos) if eos else -1
     return pre, (seg[:k + len(eos)] if k >= 0 else seg.rstrip())
+
+def _calls_only(action):
+    "The assistant message of `action`'s tool calls alone (no text): what the margins score; None without a call."
+    m = action if isinstance(action, dict) else action_to_message(action)
+    calls = [{"id": c.get("id") or f"call_{j}", "type": "function", "function": c["function"]} for j, c in enumerate(m.get("tool_calls") or [])]
+    return {"role": "assistant", "content": "", "tool_calls": calls} if calls else None
+
+def _failing_calls(messages):
+    "The calls of the latest assistant turn that met an error, those that failed, as an assistant message; None if no result failed."
+    failed = {}
+    for j, m in enumerate(messages):
+        if m.get("role") == "tool" and m.get("is_error"): failed[m.get("tool_call_id")] = j
+    if not failed: return None
+    last = max(failed.values())
+    turn = next((m for m in reversed(messages[:last]) if m.get("role") == "assistant" and m.get("tool_calls")), None)
+    if turn is None: return None
+    return _calls_only({"tool_calls": [c for c in turn["tool_calls"] if c.get("id") in failed]})
 
 def _encode(tokenizer, text): return encode_text(tokenizer, [text])[0]   # a rendering with marked special spellings
 
@@ -171,7 +243,7 @@ def _cache_kw(model):
     except (TypeError, ValueError): return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
 
-def _run_batch(model, tokenizer, items, *, generate, max_new_tokens, stop_ids, device):
+def _run_batch(model, tokenizer, items, *, generate, max_new_tokens, stop_ids, device, first_call=False):
     "One left-padded batch: prefill the prompts once, score the continuations from that cache, then decode greedily."
     # returns (new-token counts, stop reasons, {side: summed log p} per item, generated texts)
     import torch
@@ -215,6 +287,8 @@ def _run_batch(model, tokenizer, items, *, generate, max_new_tokens, stop_ids, d
             t = int(cur[j])
             if t in stop_ids: stops[b] = "eos"; continue
             gens[b].append(t); texts[b] = tokenizer.decode(gens[b], skip_special_tokens=False)
+            if first_call and (e := texts[b].find(_CALL_CLOSE)) >= 0:
+                texts[b] = texts[b][:e + len(_CALL_CLOSE)]; stops[b] = "first_tool_call"; continue
             if (e := _after_calls(texts[b])) is not None: texts[b] = texts[b][:e]; stops[b] = "after_tool_call"; continue
             if len(gens[b]) >= max_new_tokens: stops[b] = "max_new_tokens"; continue
             keep.append(j)
@@ -275,6 +349,9 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
                    max_prompt_tokens:int|None=None, # keep only the last this many prompt tokens; None => what the context allows
                    ingester=None, # reads `sessions` when it is a path (default `ClaudeCodeIngester()`)
                    windows:bool=True, # a prompt that does not fit keeps the system prompt, the task and the latest whole steps (False: the latest tokens)
+                   margins:bool=True, # at error-recovery states: mean log p per token of the right call minus the failing call's and the recorded wrong action's
+                   greedy:bool=True, # generate the next action (False: only the teacher-forced scores; the greedy metrics are then empty)
+                   stop_at_first_call:bool=False, # end each generation at the end of its first tool call
                    progress:bool=False, # a tqdm bar on stderr
                   ) -> EvalResult:
     "Greedy next action at every state against the expected one, and how often the model prefers the right action to the wrong one."
@@ -285,7 +362,8 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
     for name, fn in (("generate_fn", generate_fn), ("score_fn", score_fn)):
         if fn is not None and not callable(fn): raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
     model_scores = bool(preference) and score_fn is None
-    use_model = generate_fn is None or model_scores
+    generate = generate_fn is None and bool(greedy)
+    use_model = generate or model_scores or (bool(margins) and model is not None)
     if model is None and use_model: raise ValueError("model is None: pass a model, or a generate_fn and (a score_fn or preference=False)")
     if model is not None and not (callable(model) and hasattr(model, "parameters")):
         raise TypeError(f"model must be a causal LM (a torch module), got {type(model).__name__}")
@@ -309,8 +387,13 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
         r, wrong, out = it["row"], it["row"].get("distractor"), {}
         if preference and isinstance(wrong, str) and wrong != r["action"]:
             for side, act in (("right", r["action"]), ("wrong", wrong)):
-                if (rt := _reply_text(tokenizer, messages, act, prompt_p, it["tools"])) is None: return {}
+                if (rt := _reply_text(tokenizer, messages, act, prompt_p, it["tools"])) is None: out = {}; break
                 out[side] = rt
+        if margins and model is not None and r.get("error_recovery") and (right := _calls_only(r["action"])) is not None:
+            sides = {"m_right": right, "m_repeat": _failing_calls(messages),
+                     "m_recorded": None if r["recorded_ok"] else _calls_only(it["state"]["student_action"])}
+            for side, msg in sides.items():
+                if msg is not None and (rt := _reply_text(tokenizer, messages, msg, prompt_p, it["tools"])) is not None: out[side] = rt
         return out
     for s in matched:
         r, tools = by_id[s["state_id"]], check_tools(s.get("tools"), f"state {s['state_id']!r:.60}: tools")
@@ -319,9 +402,10 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
         it = {"state": s, "row": r, "prompt": prompt, "prompt_p": prompt_p, "tools": tools, "truncated": False, "n_prompt": None}
         it["replies"] = replies(it, s["messages"], prompt_p)
         items.append(it)
-    counts["preference_unscorable"] = sum(bool(preference) and isinstance(it["row"].get("distractor"), str) and not it["replies"] for it in items)
+    counts["preference_unscorable"] = sum(bool(preference) and isinstance(it["row"].get("distractor"), str) and "right" not in it["replies"] for it in items)
+    by_model = lambda side: side.startswith("m_") or model_scores   # the sides the model scores (the others: score_fn's)
 
-    texts, n_new = [None] * len(items), [None] * len(items)
+    texts, n_new, ntok = [None] * len(items), [None] * len(items), [{} for _ in items]
     stops = ["injected" if generate_fn is not None else None] * len(items)
     logps = [{} for _ in items]
     if model is not None and use_model:
@@ -339,32 +423,33 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
             caps = [c for c in (max_prompt_tokens, ctx - max([max_new_tokens, *map(len, conts)]) if ctx else None) if c is not None]
             return max(1, min(caps)) if caps else None
         for i, it in enumerate(items):
-            conts = lambda: {side: _encode(tokenizer, seg) for side, (pre, seg) in (it["replies"].items() if model_scores else ()) if pre == it["prompt_p"]}
+            conts = lambda: {side: _encode(tokenizer, seg) for side, (pre, seg) in it["replies"].items() if by_model(side) and pre == it["prompt_p"]}
             pids, cap = _encode(tokenizer, it["prompt_p"]), room(list(conts().values()))
             if windows and cap is not None and len(pids) > cap and (cut := _step_prompt(tokenizer, it["state"]["messages"], it["tools"], cap)):
                 it["prompt_p"], kept = cut   # whole steps dropped: the system prompt, the task and the latest steps stay
                 it["replies"] = replies(it, kept, it["prompt_p"]); it["steps_dropped"] = True
                 pids = _encode(tokenizer, it["prompt_p"])
             c = conts()
-            for side, (pre, seg) in (it["replies"].items() if model_scores else ()):
-                if pre != it["prompt_p"]: separate.append((i, side, pre, seg))  # a template that is not prefix-stable at this turn
+            for side, (pre, seg) in it["replies"].items():
+                if by_model(side) and pre != it["prompt_p"]: separate.append((i, side, pre, seg))  # a template that is not prefix-stable at this turn
             it["prompt_ids"], it["truncated"] = fit(pids, list(c.values()))
             it["n_prompt"], it["conts"] = len(it["prompt_ids"]), c
+            ntok[i] = {side: len(v) for side, v in c.items()}
         order = sorted(range(len(items)), key=lambda i: -len(items[i]["prompt_ids"]))  # similar lengths together: less padding
         batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
         with torch.no_grad():
             for bt in tqdm(batches, desc="eval", unit="batch", disable=not progress, file=sys.stderr, leave=False):
-                out = _run_batch(model, tokenizer, [items[i] for i in bt], generate=generate_fn is None,
-                                 max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev)
+                out = _run_batch(model, tokenizer, [items[i] for i in bt], generate=generate,
+                                 max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev, first_call=stop_at_first_call)
                 for j, i in enumerate(bt):
                     logps[i].update(out[2][j])
-                    if generate_fn is None: n_new[i], stops[i], texts[i] = out[0][j], out[1][j], out[3][j]
+                    if generate: n_new[i], stops[i], texts[i] = out[0][j], out[1][j], out[3][j]
             for i, side, pre, seg in separate:
                 c = _encode(tokenizer, seg)
                 pids, _ = fit(_encode(tokenizer, pre), [c])
                 out = _run_batch(model, tokenizer, [{"prompt_ids": pids, "conts": {side: c}}], generate=False,
                                  max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev)
-                logps[i].update(out[2][0])
+                logps[i].update(out[2][0]); ntok[i][side] = len(c)
     if generate_fn is not None:
         for k in range(0, len(items), batch_size):
             part = items[k:k + batch_size]
@@ -373,7 +458,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
             if not all(isinstance(o, str) for o in outs): raise TypeError("generate_fn must return strings (one completion per state)")
             texts[k:k + len(part)] = outs
     if preference and score_fn is not None:
-        scorable = [i for i, it in enumerate(items) if it["replies"]]
+        scorable = [i for i, it in enumerate(items) if "right" in it["replies"]]
         for side, key in (("right", "action"), ("wrong", "distractor")):
             vals = score_fn([items[i]["state"] for i in scorable], [items[i]["row"][key] for i in scorable]) if scorable else []
             _check_out("score_fn", vals, len(scorable), "log-probabilities")
@@ -382,8 +467,10 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
     records = []
     for i, it in enumerate(items):
         s, r, text = it["state"], it["row"], texts[i]
-        action = completion_to_action(text, eos=eos)
+        action = completion_to_action(text, eos=eos) if text is not None else None
         lr, lw = logps[i].get("right"), logps[i].get("wrong")
+        tok_lp = {side[2:]: logps[i][side] / ntok[i][side] for side in ("m_right", "m_repeat", "m_recorded") if side in logps[i] and ntok[i].get(side)}
+        margin = lambda other: tok_lp["right"] - tok_lp[other] if "right" in tok_lp and other in tok_lp else None
         records.append({
             "state_id": s["state_id"], "session_id": r.get("session_id", s["state_id"].rsplit("::", 1)[0]),
             "state_index": r.get("state_index"), "task": r.get("task"), "error_recovery": bool(r.get("error_recovery")),
@@ -391,14 +478,63 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
             "expected_action": r["action"], "expected_tools": [c["tool"] for c in _row_calls(r)],
             "generation": text, "stop": stops[i], "n_new_tokens": n_new[i], "n_prompt_tokens": it["n_prompt"],
             "prompt_truncated": it["truncated"], "prompt_steps_dropped": bool(it.get("steps_dropped")), "predicted_action": action,
-            "predicted_tools": [c["name"] for c in parse_tool_calls(text, eos=eos)], "well_formed": _well_formed(text, eos, known),
-            "correct": action_matches(action, r), "logp_right": lr, "logp_wrong": lw,
+            "predicted_tools": [c["name"] for c in parse_tool_calls(text, eos=eos)] if text is not None else None,
+            "well_formed": _well_formed(text, eos, known) if text is not None else None,
+            "correct": action_matches(action, r) if text is not None else None, "logp_right": lr, "logp_wrong": lw,
             "preference_correct": (lr > lw) if lr is not None and lw is not None else None,
+            "logp_per_token": tok_lp or None, "margin_repeat": margin("repeat"), "margin_recorded": margin("recorded"),
         })
     summary = summarize_records(records)
     secs = time.perf_counter() - t0
     summary.update(counts, seconds=secs, states_per_s=len(records) / secs if secs > 0 else math.nan)
     return EvalResult(records, summary)
+
+# %% ../nbs/26_evaluation.ipynb #5b2372cf
+def hint_gaps(model, # HF causal LM (the untrained student, for the gate)
+              tokenizer, # its tokenizer
+              sessions, # a split folder, session file or folder, or a list of TraceStates (whole traces: the hindsight solution comes from later steps)
+              expected, # expected-action rows, or the file / folder holding them
+              *,
+              ingester=None, # reads `sessions` when it is a path
+              role:str="user", # the role of the hint message after the error (the collator's default)
+             ) -> list[dict]: # per state: state_id, scenario, error_kind, solution, and mean log p per token under "none", "generic", "with_solution"
+    "Is there anything for self-distillation to distil? At each state reacting to an error, the right call's mean log p per token with no hint, the generic hint and the hint carrying the solution."
+    import torch
+    from .hint_generator import classify_error, dispatch
+    from .loss import model_sequence_logprobs
+    from .trainer.data_collator import trace_examples_from_states
+    from .trainer.messages import messages_from_turns, tokenize_conversation
+    from .trainer.windows import solutions
+    states, rows = _states(sessions, ingester), {r["state_id"]: r for r in _expected(expected)}
+    sols = {}
+    for ex in trace_examples_from_states(states):   # hindsight: what worked later in the same trace
+        found = solutions(messages_from_turns(ex["turns"]), sources=("hindsight",))
+        for sid in ex["state_ids"]: sols[sid] = found
+    dev = next(model.parameters()).device
+    def mean_logp(prompt, action, tools):
+        ids, own = tokenize_conversation(tokenizer, prompt + [action], tools)
+        mask = [int(o == len(prompt)) for o in own]
+        with torch.no_grad():
+            s = model_sequence_logprobs(model, torch.tensor([ids], device=dev), torch.tensor([mask], device=dev))[0].item()
+        return s / sum(mask)
+    out = []
+    for s in states:
+        r, m = rows.get(s["state_id"]), s["messages"]
+        if r is None or not r.get("error_recovery") or (right := _calls_only(r["action"])) is None: continue
+        j = next((k for k in range(len(m) - 1, -1, -1) if m[k]["role"] == "tool" and m[k].get("is_error")), None)
+        if j is None or any(x["role"] == "assistant" for x in m[j:]): continue   # the state must react to its latest result, an error
+        calls = {c["id"]: c["function"] for a in m if a["role"] == "assistant" for c in a.get("tool_calls") or []}
+        fn = calls.get(m[j].get("tool_call_id"), {})
+        meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m[j]["content"]}
+        kind = classify_error(m[j]["content"], tool_name=meta["tool_name"], history=m[:j], tool_input=meta["tool_input"])
+        if kind is None: continue
+        sol, tools = sols[s["state_id"]].get(j), s.get("tools")
+        hinted = lambda h: list(m) + [{"role": role, "content": h}]
+        out.append({"state_id": s["state_id"], "scenario": r.get("scenario"), "error_kind": kind, "solution": sol,
+                    "none": mean_logp(list(m), right, tools), "generic": mean_logp(hinted(dispatch(kind, meta)), right, tools),
+                    "with_solution": mean_logp(hinted(dispatch(kind, {**meta, "solution": sol})), right, tools)})
+    return out
+
 
 # %% ../nbs/26_evaluation.ipynb #16d9508a
 def eval_command(sessions:str, # a session .jsonl, a folder of them, or a split folder (its sessions/)
@@ -412,6 +548,8 @@ def eval_command(sessions:str, # a session .jsonl, a folder of them, or a split 
                  device:str|None=None, # "cpu", "cuda:0", ...; None => CPU
                  progress:bool=True, # a tqdm bar on stderr
                  windows:bool=True, # a prompt that does not fit keeps the system prompt, the task and the latest whole steps (False: the latest tokens)
+                 greedy:bool=True, # generate the next actions (False: only the teacher-forced margins and preferences)
+                 stop_at_first_call:bool=False, # end each generation at the end of its first tool call
                 ) -> int: # exit status: 0 ok, 2 bad input
     "CLI body: evaluate a student on sessions with expected actions, write the records and the summary, print the rates."
     def fail(msg): print(f"error: {msg}", file=sys.stderr); return 2
@@ -427,7 +565,7 @@ def eval_command(sessions:str, # a session .jsonl, a folder of them, or a split 
     try: m, tok = load_student(model, device=device)
     except (FileNotFoundError, ModuleNotFoundError, ValueError, TypeError) as e: return fail(f"cannot load model {str(model)!r}: {e}")
     try: res = evaluate_agent(m, tok, sp, ef, max_new_tokens=max_new_tokens, max_states=max_states, batch_size=batch_size, progress=progress,
-                                   windows=windows)
+                                   windows=windows, greedy=greedy, stop_at_first_call=stop_at_first_call)
     except (FileNotFoundError, ValueError) as e: return fail(str(e))
     try:
         op.mkdir(parents=True, exist_ok=True)

@@ -317,28 +317,30 @@ def error_sites(states:Sequence[dict], # TraceStates from `ClaudeCodeIngester`
 # %% ../nbs/25_task_suite.ipynb #8ca128d8
 SUITE_FORMAT = "composer-task-suite/1"
 
-def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldout/` are written inside
+def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldout/` (and `dev/`) are written inside
                     n_train:int=40, # sessions in train/
                     n_heldout:int=10, # sessions in heldout/
                     seed:int=0, # the whole suite is a pure function of its arguments
                     *,
                     recovery_rate:float=0.5, # chance that the recorded first action after an error is the right one
-                    overwrite:bool=False, # replace existing train/ and heldout/ folders (else FileExistsError)
+                    overwrite:bool=False, # replace existing train/ and heldout/ (and dev/) folders (else FileExistsError)
+                    n_dev:int=0, # sessions in dev/: the train vocabulary, other seeds (for tuning); 0: no dev/ folder
                    ) -> dict: # per split: folder, sessions, states, tool errors, error-recovery states
-    "Write `train/` and `heldout/`: `sessions/*.jsonl`, `expected.jsonl`, `tools.json` and `manifest.json`, deterministic for a seed."
-    for name, v in (("n_train", n_train), ("n_heldout", n_heldout), ("seed", seed)):
+    "Write `train/` and `heldout/` (and `dev/`): `sessions/*.jsonl`, `expected.jsonl`, `tools.json` and `manifest.json`, deterministic for a seed."
+    for name, v in (("n_train", n_train), ("n_heldout", n_heldout), ("seed", seed), ("n_dev", n_dev)):
         if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if n_train < 0 or n_heldout < 0: raise ValueError(f"n_train and n_heldout must be >= 0, got {n_train}, {n_heldout}")
+    if n_train < 0 or n_heldout < 0 or n_dev < 0: raise ValueError(f"n_train, n_heldout and n_dev must be >= 0, got {n_train}, {n_heldout}, {n_dev}")
     _check_rate(recovery_rate)
     out = Path(out_dir)
     if out.exists() and not out.is_dir(): raise NotADirectoryError(f"out_dir is a file: {str(out)!r}")
-    for split in SPLITS:
+    plan = [("train", "train", n_train), ("heldout", "heldout", n_heldout)] + ([("dev", "train", n_dev)] if n_dev else [])
+    for split, _, _ in plan:
         d = out/split
         if d.exists() and any(d.iterdir()):
             if not overwrite: raise FileExistsError(f"{str(d)!r} is not empty; pass overwrite=True to replace it")
             shutil.rmtree(d)
     summary = {}
-    for split, n in (("train", n_train), ("heldout", n_heldout)):
+    for split, vocab, n in plan:   # dev: the train vocabulary, its own seeds (so the train and held-out splits do not change)
         rng = random.Random(f"composer-task-suite/{split}/{seed}")
         order = list(SCENARIOS); rng.shuffle(order)  # every scenario appears once n >= len(SCENARIOS)
         u = rng.random()  # stratified outcomes of the planted errors' first recoveries: a share of `recovery_rate` up to one session
@@ -347,7 +349,7 @@ def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldou
         d = out/split; (d/"sessions").mkdir(parents=True, exist_ok=True)
         metas, rows, n_err = [], [], 0
         for i in range(n):
-            s = _session(split, random.Random(f"composer-task-suite/{split}/{seed}/{i}"), None, order[i % len(order)], recovery_rate, firsts[i])
+            s = _session(vocab, random.Random(f"composer-task-suite/{split}/{seed}/{i}"), None, order[i % len(order)], recovery_rate, firsts[i])
             (d/"sessions"/f"{s.session_id}.jsonl").write_text(s.jsonl, encoding="utf-8")
             metas.append({**s.meta, "file": f"sessions/{s.session_id}.jsonl"})
             rows += s.expected

@@ -153,7 +153,7 @@ def build_data(work:Path, s:Settings, n_dev:int=0) -> dict:
     with TeacherServer(suite_policies(train, rows_train)) as srv:
         results = asyncio.run(replay_trace(train, SUITE_TEACHERS, max_total_usd=1.0, base_url=srv.url, progress=False,
                                            journal=work/"teacher_calls.jsonl"))
-    failed = sum(r["error"] is not None for r in results)
+    failed = sum(r["error"] is not None and not r["error"].startswith("invalid action") for r in results)   # invalid actions are teachers' answers
     if failed: raise RuntimeError(f"{failed} of {len(results)} teacher calls failed on the local server (first: {next(r['error'] for r in results if r['error'])})")
     pairs = extract_dpo_pairs(train, results, agreement_threshold=2)
     # the evaluated held-out states: every error-recovery state, and a fixed sample of the others (suite seed only)

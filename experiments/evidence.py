@@ -150,14 +150,16 @@ def build_data(work:Path, s:Settings) -> dict:
     with TeacherServer(suite_policies(states["train"], rows["train"])) as srv:
         results = asyncio.run(replay_trace(states["train"], SUITE_TEACHERS, max_total_usd=1.0, base_url=srv.url, progress=False,
                                            journal=work/"teacher_calls.jsonl"))
-    failed = [r for r in results if r["error"] is not None]
+    # a teacher answering a tool the state does not have is a teacher's answer (an error row, never a pair), not a failed call
+    invalid = sum(r["error"] is not None and r["error"].startswith("invalid action") for r in results)
+    failed = [r for r in results if r["error"] is not None and not r["error"].startswith("invalid action")]
     if failed: raise RuntimeError(f"{len(failed)} of {len(results)} teacher calls failed on the local server (first: {failed[0]['error']})")
     pairs = extract_dpo_pairs(states["train"], results, agreement_threshold=2)
     corr, corr_pairs, untrained, counts = corrected_states(copy.deepcopy(states["train"]), pairs)
     by = {k: {r["state_id"]: r for r in v} for k, v in rows.items()}
     split_info = {k: {"sessions": len({st["state_id"].rsplit("::", 1)[0] for st in states[k]}), "states": len(states[k]),
                       "recovery_states": sum(by[k][st["state_id"]]["error_recovery"] for st in states[k])} for k in states}
-    split_info["train"].update(pairs=len(pairs), teacher_calls=len(results), corrections=counts,
+    split_info["train"].update(pairs=len(pairs), teacher_calls=len(results), teacher_invalid_actions=invalid, corrections=counts,
                                pairs_at_recovery=sum(by["train"][p["state_id"]]["error_recovery"] for p in pairs))
     split_info["heldout"]["vocabulary"] = "disjoint from train and dev (task_suite.VOCAB['heldout'])"
     split_info["dev"]["vocabulary"] = "the train vocabulary, other seeds"

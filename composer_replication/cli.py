@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())} (default: auto)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")
     s.set_defaults(func=_cmd_demo)
-    s = sub.add_parser("eval", help="agent behaviour on sessions with known right actions: recovery, next-action and preference accuracy",
+    s = sub.add_parser("eval", help="agent behaviour on sessions with known right actions: recovery margins, recovery, next-action and preference accuracy",
                        epilog="example: composer-replication eval suite/heldout suite/heldout/expected.jsonl --model smollm2-135m-instruct --out eval/")
     s.add_argument("sessions", help="a folder of sessions (a task-suite split folder is read through its sessions/)")
     s.add_argument("expected", help="the expected-actions JSONL (composer_replication.task_suite's format)")

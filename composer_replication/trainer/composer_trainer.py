@@ -25,7 +25,7 @@ from ..loss import (
 from .data_collator import ComposerDataCollator, precompute_ref_logprobs
 
 # %% auto #0
-__all__ = ['ComposerOfflineTrainer', 'ComposerReplicationTrainer']
+__all__ = ['is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs', 'ComposerOfflineTrainer', 'ComposerReplicationTrainer']
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #3611ef44
 _TAID_FILE = "taid_scheduler.json"
@@ -58,16 +58,51 @@ def _mean(vals:list) -> float:
     "The mean of logged channel values (detached tensors or floats), one host transfer for all of them."
     return float(torch.stack([torch.as_tensor(v, dtype=torch.float32).detach().cpu() for v in vals]).mean())
 
+def is_adapter_model(model) -> bool:
+    "Whether `model` is a peft model: its adapters train, and `model.disable_adapter()` gives back the frozen base weights."
+    return callable(getattr(model, "disable_adapter", None)) and isinstance(getattr(model, "peft_config", None), Mapping)
+
+def loss_view(model:torch.nn.Module) -> torch.nn.Module:
+    "What the loss functions score: a peft model's adapted base model (its LoRA layers in place, so hidden states and the LM head are the usual ones), else `model`."
+    return model.get_base_model() if is_adapter_model(model) else model
+
+def adapter_free_ref_logprobs(model:torch.nn.Module, # a peft model (`is_adapter_model`): its base weights are the DPO reference
+                              batch:dict, # a collated batch; unchanged if it has no DPO pairs
+                              chunk_size:int|None=None, # score chunk by chunk from hidden states
+                             ) -> dict:
+    "`precompute_ref_logprobs` with the adapters switched off: the reference is the base model, no second copy of its weights."
+    if not is_adapter_model(model): raise TypeError(f"adapter_free_ref_logprobs needs a peft model (with adapters), got {type(model).__name__}")
+    was = model.training
+    model.eval()   # the reference is scored as a frozen model: no adapter or base dropout
+    try:
+        with model.disable_adapter(): return precompute_ref_logprobs(loss_view(model), dict(batch), chunk_size=chunk_size)
+    finally: model.train(was)
+
+def _inside_forward(wrapper, module, fn):
+    "`fn()` run as `wrapper`'s forward pass (DDP arms its gradient hooks, FSDP gathers the root's parameters); `fn()` alone when nothing wraps `module`."
+    if wrapper is module: return fn()
+    own = module.__dict__.get("forward")   # accelerate may have put a wrapped forward (autocast) on the instance
+    def restore():
+        if own is None: module.__dict__.pop("forward", None)
+        else: module.forward = own
+    def forward(*a, **k):
+        restore()            # the inner calls of `fn` reach the module's real forward
+        return fn()
+    module.forward = forward
+    try: return wrapper()
+    finally: restore()
+
 class _ChannelMixin:
-    "What both trainers share: the loss configuration, the reference model, per-channel metrics, the TAID scheduler."
+    "What both trainers share: the loss configuration, the reference, per-channel metrics, the TAID scheduler, the counts across processes."
     def _init_channels(self, model, config:LossConfig, *, ref_model, taid_scheduler):
         self.loss_config = config
         self.alpha_sdpo, self.beta_replay = config.alpha_sdpo, config.beta_replay
         self.chunk_size, self.taid_scheduler = config.chunk_size, taid_scheduler
         self._needs_reference = REPLAY_CRITERIA[config.dpo_variant].needs_reference
         self._ref_model = ref_model
-        if ref_model is None and self._needs_reference and self.beta_replay > 0:
-            self._ref_model = copy.deepcopy(model)   # the initial policy, frozen
+        self.reference = "none" if not (self._needs_reference and self.beta_replay > 0) else "ref_model" if ref_model is not None else \
+                         "adapters disabled" if is_adapter_model(model) else "frozen copy"
+        if self.reference == "frozen copy": self._ref_model = copy.deepcopy(model)   # the initial policy, frozen
         if self._ref_model is not None:  # frozen, on the device the model trains on
             self._ref_model.requires_grad_(False).eval().to(next(model.parameters()).device)
         self._channel_metrics, self._last_sdpo = defaultdict(list), None   # detached tensors: read as floats at logging time only
@@ -79,11 +114,12 @@ class _ChannelMixin:
             self.taid_scheduler = TAIDScheduler(num_train_steps=max(int(steps), 1))
         return self.taid_scheduler.t
 
-    def _with_ref_logprobs(self, batch:dict) -> dict:
+    def _with_ref_logprobs(self, batch:dict, model=None) -> dict:
         "The batch with DPO reference log-probs filled in when the DPO channel needs them and they are missing."
         if (self._needs_reference and self.beta_replay > 0 and "dpo_chosen_input_ids" in batch
                 and "dpo_chosen_ref_logprobs" not in batch):
-            batch = precompute_ref_logprobs(self._ref_model, dict(batch), chunk_size=self.chunk_size)
+            if self._ref_model is not None: return precompute_ref_logprobs(self._ref_model, dict(batch), chunk_size=self.chunk_size)
+            return adapter_free_ref_logprobs(self.accelerator.unwrap_model(model if model is not None else self.model), batch, self.chunk_size)
         return batch
 
     def _step_config(self) -> LossConfig:
@@ -91,16 +127,52 @@ class _ChannelMixin:
         t = self._taid_t()
         return self.loss_config if t is None else self.loss_config.replace(taid_t=t)
 
+    @property
+    def _world(self) -> int: return self.accelerator.num_processes
+
+    def _global_sum(self, t:torch.Tensor) -> torch.Tensor:
+        "`t` summed over the processes (itself in one process); every process must call it at the same point."
+        if self._world == 1: return t
+        return self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
+
+    def _batch_counts(self, batch:Mapping) -> torch.Tensor:
+        "(3,) float64: what each channel averages over in this batch: response tokens (channel 1), SDPO targets, DPO pairs."
+        n = torch.zeros(3, dtype=torch.float64)
+        rm = batch.get("response_mask")
+        if isinstance(rm, torch.Tensor) and rm.dim() == 2: n[0] = float((rm[:, 1:] != 0).sum())
+        tm, sm = batch.get("sdpo_loss_mask"), batch.get("sdpo_student_mask")
+        if self.alpha_sdpo != 0 and isinstance(tm, torch.Tensor) and batch.get("ctx_teacher_input_ids") is not None:
+            ids = batch.get("input_ids")
+            if sm is not None or (isinstance(ids, torch.Tensor) and tuple(batch["ctx_teacher_input_ids"].shape) == tuple(ids.shape)):
+                n[1] = float((tm != 0).sum())
+        ch = batch.get("dpo_chosen_input_ids")
+        if self.beta_replay != 0 and isinstance(ch, torch.Tensor): n[2] = float(ch.shape[0])
+        return n
+
+    def _global_share(self, local:torch.Tensor, total:torch.Tensor) -> torch.Tensor:
+        "(3,) this process's share of each channel's global count, times the number of processes (DDP averages the gradients)."
+        return torch.where(total > 0, local / total.clamp_min(1), torch.zeros_like(local)) * self._world
+
+    def _log_channels(self, logs:dict) -> dict:
+        "`logs` with each channel's average since the last log, averaged over the processes (one collective, every process calls it)."
+        if not (self._channel_metrics and "loss" in logs): return logs
+        keys = sorted(self._channel_metrics)
+        vals = torch.tensor([_mean(self._channel_metrics[k]) for k in keys], dtype=torch.float64)
+        vals = self._global_sum(vals) / self._world
+        self._channel_metrics.clear()
+        return {**logs, **{k: float(v) for k, v in zip(keys, vals)}}
+
 class _TAIDCallback(TrainerCallback):
-    "Update the TAID scheduler after each optimizer step; save it into every checkpoint."
+    "Update the TAID scheduler after each optimizer step (with the step's SDPO loss over all processes); save it into every checkpoint."
     def __init__(self, trainer): self.trainer = trainer
     def on_step_end(self, args, state, control, **kw):
         tr = self.trainer
         if tr.taid_scheduler is not None and tr._last_sdpo is not None:
-            tr.taid_scheduler.update_t(torch.as_tensor(tr._last_sdpo, dtype=torch.float32).detach().cpu(), global_step=state.global_step)
+            v = tr._global_sum(torch.as_tensor(tr._last_sdpo, dtype=torch.float64).detach().cpu().reshape(1)) / tr._world
+            tr.taid_scheduler.update_t(v[0].float(), global_step=state.global_step)
     def on_save(self, args, state, control, **kw):
         tr = self.trainer
-        if tr.taid_scheduler is None: return
+        if tr.taid_scheduler is None or not state.is_world_process_zero: return
         d = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, _TAID_FILE), "w") as f: json.dump(tr.taid_scheduler.state_dict(), f)
@@ -255,7 +327,7 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
     "Three-channel training without a reward function: LM cross-entropy + α·SDPO + β·trace-replay, via `compose_loss`."
     def __init__(self, model=None, args=None, *more,
                  loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options below)
-                 ref_model=None, # frozen DPO reference (default: a frozen copy of `model`)
+                 ref_model=None, # frozen DPO reference (default: the model with its adapters disabled if it is a peft model, else a frozen copy)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
                  diloco:Mapping[str, Any]|None=None, # make_diloco_outer_loop's keyword arguments and its 'manager': train under DiLoCo
                  **kwargs): # Trainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ... (LossConfig's fields)
@@ -265,25 +337,50 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         for k in ("train_dataset", "eval_dataset"):   # long traces become windows that fit (CollatorConfig.windows)
             if k in kwargs: kwargs[k] = _windowed(kwargs[k], kwargs.get("data_collator"))
         super().__init__(model, args, *more, **kwargs)
-        self.model_accepts_loss_kwargs = False  # our loss is a per-micro-batch mean: let Trainer divide by GA
+        self.model_accepts_loss_kwargs = False  # the channels are normalised here, by the counts of the whole step (`get_batch_samples`)
+        self.loss_is_scaled_for_ga = True       # ... so Trainer must not divide by the accumulation steps again
+        self._window, self._window_steps = None, 0
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.add_callback(_TAIDCallback(self))
         self._init_diloco(dl, "ComposerOfflineTrainer")
 
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        "The step's micro-batches, and each channel's count over all of them on every process (the normaliser, like `num_items_in_batch`)."
+        batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        local = sum((self._batch_counts(b) for b in batches), torch.zeros(3, dtype=torch.float64))
+        self._window, self._window_steps, self._last_sdpo = self._global_sum(local), len(batches), None
+        return batches, n_items
+
+    def _components(self, model, inputs):
+        "`compose_loss` (reference log-probs first, where missing) on the unwrapped model, run as the wrapper's forward pass."
+        inner = self.accelerator.unwrap_model(model)
+        def loss():
+            c = compose_loss(loss_view(inner), self._with_ref_logprobs(inputs, inner), self._step_config())
+            return c.lm_ce, c.sdpo_jsd, c.trace_replay_dpo
+        return _inside_forward(model, inner, loss)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        "`compose_loss` on the batch; records each channel for logging."
-        c = compose_loss(model, self._with_ref_logprobs(inputs), self._step_config())
+        "`compose_loss` on the batch, each channel's mean weighted by this batch's share of the step's global count; records each channel."
+        lm, sdpo, replay = self._components(model, inputs)
         if model.training:
-            for k in ("lm_ce", "sdpo_jsd", "trace_replay_dpo", "total"): self._channel_metrics[f"composer/{k}"].append(getattr(c, k).detach())
-            self._last_sdpo = c.sdpo_jsd.detach()
-        return (c.total, None) if return_outputs else c.total
+            if self._window is not None:   # the step's counts over every micro-batch and process (`get_batch_samples`)
+                share = self._global_share(self._batch_counts(inputs), self._window)
+            else:                           # called outside the training loop: this batch alone
+                share = torch.full((3,), 1.0 / max(self.current_gradient_accumulation_steps, 1), dtype=torch.float64)
+            lm, sdpo, replay = (x * float(s) for x, s in zip((lm, sdpo, replay), share))
+        total = lm + self.alpha_sdpo * sdpo + self.beta_replay * replay
+        if model.training:   # logged per micro-batch; their mean over a step (x its micro-batches) and over the processes is the step's value
+            ga = max(self._window_steps, 1)
+            for k, v in (("lm_ce", lm), ("sdpo_jsd", sdpo), ("trace_replay_dpo", replay), ("total", total)):
+                self._channel_metrics[f"composer/{k}"].append(v.detach() * ga)
+            self._last_sdpo = sdpo.detach() if self._last_sdpo is None else self._last_sdpo + sdpo.detach()
+        return (total, None) if return_outputs else total
 
     def log(self, logs:dict, start_time=None):
-        "Add the channels' averages since the last log."
-        if self._channel_metrics and "loss" in logs:
-            logs = {**logs, **{k: _mean(v) for k, v in self._channel_metrics.items()}}
-            self._channel_metrics.clear()
-            if self.diloco_manager is not None: logs["diloco/outer_step"] = self.diloco_manager.current_step()
+        "Add the channels' averages since the last log (over all processes)."
+        had = bool(self._channel_metrics) and "loss" in logs
+        logs = self._log_channels(logs)
+        if had and self.diloco_manager is not None: logs["diloco/outer_step"] = self.diloco_manager.current_step()
         return super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
@@ -298,14 +395,26 @@ try:
 except ImportError:  # the class still imports; building one says what to install
     _GRPOBase, _TRL_AVAILABLE = object, False
 
+def _trace_shards(n:int, # traces in the dataset
+                  per_process:int, # traces per micro-batch and process
+                  world:int, rank:int, # processes, and this one's index
+                  seed:int, # the shuffle's seed (the same on every process)
+                 ):
+    "Index lists forever: the same shuffled global batches of `per_process * world` traces on every process, each taking its slice."
+    g, pool, size = torch.Generator().manual_seed(seed), [], per_process * world
+    while True:
+        while len(pool) < size: pool += torch.randperm(n, generator=g).tolist()
+        batch, pool = pool[:size], pool[size:]
+        yield batch[rank * per_process:(rank + 1) * per_process]
+
 class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
     "TRL `GRPOTrainer` whose loss is GRPO + α·SDPO + β·trace-replay DPO, the trace channels fed by a side iterator."
     def __init__(self, *args,
                  loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options)
                  trace_dataset:Sequence[dict]|None=None, # TraceExamples feeding channels 2 and 3
                  data_collator:ComposerDataCollator|None=None, # collates trace batches (required with trace_dataset)
-                 trace_batch_size:int=2, # traces per micro-batch
-                 ref_model=None, # frozen DPO reference (default: a frozen copy of the model)
+                 trace_batch_size:int=2, # traces per micro-batch and process
+                 ref_model=None, # frozen DPO reference (default: the model with its adapters disabled if it is a peft model, else a frozen copy)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
                  diloco:Mapping[str, Any]|None=None, # make_diloco_outer_loop's keyword arguments and its 'manager': train under DiLoCo
                  **kwargs): # GRPOTrainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ...
@@ -322,21 +431,18 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         super().__init__(*args, **kwargs)
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.trace_collator, self.trace_batch_size = data_collator, trace_batch_size
-        rank, world = self.accelerator.process_index, self.accelerator.num_processes
-        self.trace_dataset = list(_windowed(list(trace_dataset), data_collator))[rank::world] if trace_dataset is not None else None
+        self.trace_dataset = list(_windowed(list(trace_dataset), data_collator)) if trace_dataset is not None else None
         self._trace_iter = None
         self.add_callback(_TAIDCallback(self))
         self._init_diloco(dl, where)
 
     def _next_trace_batch(self) -> dict|None:
-        "The next collated trace batch from the side iterator (cycled, seeded), on the model's device."
+        "This process's slice of the next global trace batch (shuffled with the trainer's seed, cycled), collated, on the model's device."
         if not self.trace_dataset: return None
         if self._trace_iter is None:
-            g = torch.Generator().manual_seed(self.args.seed)
-            dl = torch.utils.data.DataLoader(self.trace_dataset, batch_size=self.trace_batch_size, shuffle=True,
-                                             collate_fn=self.trace_collator, generator=g)
-            self._trace_iter = itertools.chain.from_iterable(itertools.repeat(dl))
-        batch = next(self._trace_iter)
+            self._trace_iter = _trace_shards(len(self.trace_dataset), self.trace_batch_size, self._world,
+                                             self.accelerator.process_index, self.args.seed)
+        batch = self.trace_collator([self.trace_dataset[i] for i in next(self._trace_iter)])
         return {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
     @staticmethod
@@ -359,25 +465,27 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         return self._zero(model) if loss is None else loss
 
     def _compute_loss(self, model, inputs):
-        "GRPO's loss plus the trace channels, each divided by gradient accumulation like GRPO's."
-        loss = super()._compute_loss(model, inputs)
-        if not model.training: return loss
+        "GRPO's loss plus the trace channels (each weighted by this process's share of its global count, divided by GA like GRPO's)."
+        if not model.training: return super()._compute_loss(model, inputs)
         batch = self._next_trace_batch()
-        if batch is None: return loss
-        sdpo, replay = self._compute_sdpo_loss(model, batch), self._compute_trace_replay_loss(model, batch)
+        if batch is None: return super()._compute_loss(model, inputs)
+        share = self._global_share(self._batch_counts(batch), self._global_sum(self._batch_counts(batch)))   # one collective per micro-batch
+        inner = self.accelerator.unwrap_model(model)
+        def loss():   # one forward pass of the wrapper for GRPO and both trace channels
+            return (super(ComposerReplicationTrainer, self)._compute_loss(inner, inputs),
+                    self._compute_sdpo_loss(loss_view(inner), batch) * float(share[1]),
+                    self._compute_trace_replay_loss(loss_view(inner), batch) * float(share[2]))
+        grpo, sdpo, replay = _inside_forward(model, inner, loss)
         ga = self.current_gradient_accumulation_steps
-        m = self._channel_metrics   # detached tensors; floats at logging time (`log`)
-        m["composer/grpo"].append(loss.detach() * ga)
+        m = self._channel_metrics   # detached tensors; floats at logging time (`log`), averaged over the processes there
+        m["composer/grpo"].append(grpo.detach() * ga)
         m["composer/sdpo_jsd"].append(sdpo.detach()); m["composer/trace_replay_dpo"].append(replay.detach())
         self._last_sdpo = sdpo.detach()
-        return loss + (self.alpha_sdpo * sdpo + self.beta_replay * replay) / ga
+        return grpo + (self.alpha_sdpo * sdpo + self.beta_replay * replay) / ga
 
     def log(self, logs:dict, start_time=None):
-        "Add the trace channels' averages since the last log (converted to floats here, once per log)."
-        if self._channel_metrics and "loss" in logs:
-            logs = {**logs, **{k: _mean(v) for k, v in self._channel_metrics.items()}}
-            self._channel_metrics.clear()
-        return super().log(logs, start_time)
+        "Add the trace channels' averages since the last log (over all processes; floats here, once per log)."
+        return super().log(self._log_channels(logs), start_time)
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."

@@ -1,0 +1,84 @@
+"""Both trainers under DDP (2 CPU processes, gloo, launched by torchrun and by accelerate launch) against one process over the
+same global batch: per-step channel losses and final trainable weights equal to 1e-5 (tests/ddp_worker.py runs each side)."""
+import json, os, shutil, socket, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+WORKER = Path(__file__).with_name("ddp_worker.py")
+TOL = 1e-5
+BIN = Path(sys.executable).parent
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+            "MASTER_ADDR": "127.0.0.1"}
+
+
+def _run(tmp, launcher, *args):
+    "One training run; its rank-0 JSON."
+    out = tmp/f"{launcher}-{len(list(tmp.iterdir()))}.json"
+    if launcher == "one": cmd = [sys.executable, str(WORKER)]
+    elif launcher == "torchrun": cmd = [str(BIN/"torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_port()), str(WORKER)]
+    else: cmd = [str(BIN/"accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                 "--dynamo_backend", "no", "--main_process_ip", "127.0.0.1", "--main_process_port", str(_port()), str(WORKER)]
+    p = subprocess.run([*cmd, *args, "--out", str(out)], env=_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text()), p.stdout
+
+
+def _same(one, ddp):
+    "Same logged steps, channels and trainable weights (to TOL)."
+    assert (one["world"], ddp["world"]) == (1, 2)
+    assert len(one["logs"]) == len(ddp["logs"]) == 3
+    for s, (a, b) in enumerate(zip(one["logs"], ddp["logs"])):
+        assert a.keys() == b.keys(), (a.keys(), b.keys())
+        for k in a: assert abs(a[k] - b[k]) <= TOL * max(1.0, abs(a[k])), (s, k, a[k], b[k])
+    assert one["weights"].keys() == ddp["weights"].keys()
+    worst = max(abs(u - v) for n in one["weights"] for u, v in zip(one["weights"][n], ddp["weights"][n]))
+    assert worst <= TOL, worst
+
+
+def _active(res, *chans):
+    "Every channel in `chans` is non-zero at some step (the comparison is not between zeros)."
+    for c in chans: assert any(l[f"composer/{c}"] != 0 for l in res["logs"]), (c, res["logs"])
+
+
+def test_offline_three_channels_torchrun(tmp_path):
+    one, _ = _run(tmp_path, "one", "--trainer", "offline", "--batch", "4")
+    ddp, stdout = _run(tmp_path, "torchrun", "--trainer", "offline", "--batch", "2")
+    _active(one, "lm_ce", "sdpo_jsd", "trace_replay_dpo")
+    _same(one, ddp)
+    assert stdout.count("'train_runtime'") == 1   # only rank 0 prints the trainer's logs
+
+
+def test_offline_lora_chunked_accumulated_torchrun(tmp_path):
+    "LoRA adapters (reference = adapters disabled), the chunked losses, 2 accumulation steps: normalised over the whole step."
+    one, _ = _run(tmp_path, "one", "--trainer", "offline", "--batch", "4", "--ga", "2", "--lora", "--chunk", "64")
+    ddp, _ = _run(tmp_path, "torchrun", "--trainer", "offline", "--batch", "2", "--ga", "2", "--lora", "--chunk", "64")
+    assert one["reference"] == ddp["reference"] == "adapters disabled"
+    assert one["weights"] and all("lora_" in n for n in one["weights"])   # the adapters alone train
+    _active(one, "lm_ce", "sdpo_jsd", "trace_replay_dpo")
+    _same(one, ddp)
+
+
+def test_grpo_torchrun(tmp_path):
+    one, _ = _run(tmp_path, "one", "--trainer", "grpo", "--batch", "4")
+    ddp, _ = _run(tmp_path, "torchrun", "--trainer", "grpo", "--batch", "2")
+    _active(one, "grpo", "sdpo_jsd", "trace_replay_dpo")
+    _same(one, ddp)
+
+
+@pytest.mark.skipif(shutil.which("accelerate", path=str(BIN)) is None, reason="accelerate's launcher is not installed")
+def test_grpo_lora_accelerate_launch(tmp_path):
+    one, _ = _run(tmp_path, "one", "--trainer", "grpo", "--batch", "4", "--lora")
+    ddp, _ = _run(tmp_path, "accelerate", "--trainer", "grpo", "--batch", "2", "--lora")
+    assert one["reference"] == "adapters disabled"
+    _active(one, "sdpo_jsd", "trace_replay_dpo")
+    _same(one, ddp)

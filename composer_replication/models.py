@@ -17,14 +17,16 @@ import shutil
 import sys
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
 from .ingestion.claude_code import render_action
 
 # %% auto #0
-__all__ = ['STUDENTS', 'SMOLLM2_INSTALL', 'SMOLLM2_TEMPLATE_PATH', 'student_cache_dir', 'atomic_build_dir', 'smollm2_gguf_path',
-           'smollm2_dir', 'smollm2_chat_template', 'parse_tool_calls', 'completion_to_action', 'load_student']
+__all__ = ['STUDENTS', 'SMOLLM2_INSTALL', 'SMOLLM2_TEMPLATE_PATH', 'LORA_INSTALL', 'LORA_DEFAULTS', 'student_cache_dir',
+           'atomic_build_dir', 'smollm2_gguf_path', 'smollm2_dir', 'smollm2_chat_template', 'parse_tool_calls',
+           'completion_to_action', 'lora_config', 'add_lora', 'is_adapter_folder', 'load_student']
 
 # %% ../nbs/23_models.ipynb #d697f143
 STUDENTS = {  # built-in student names -> what they are
@@ -167,6 +169,73 @@ def completion_to_action(text:str, # an assistant turn as generated
     "A generated assistant turn as the project's action string: its text and `[TOOL_USE]` blocks."
     return render_action(_completion_blocks(text, strict, eos))
 
+# %% ../nbs/23_models.ipynb #7a1e0c02
+LORA_INSTALL = "pip install composer-replication[peft]"   # what `lora=` needs
+LORA_DEFAULTS = {"r": 16, "lora_alpha": 32, "lora_dropout": 0.0, "target_modules": "all-linear"}  # LoraConfig options `lora_config` fills in
+_ADAPTER_CONFIG = "adapter_config.json"
+
+def _peft():
+    try: import peft
+    except ImportError: raise ImportError(f"LoRA adapters need peft: {LORA_INSTALL}") from None
+    return peft
+
+def lora_config(spec:Mapping, # peft.LoraConfig options by their own names; those missing take `LORA_DEFAULTS` (a LoraConfig passes through)
+               ) -> Any: # peft.LoraConfig with task_type CAUSAL_LM
+    "A checked `peft.LoraConfig` from a dict of its own option names."
+    import dataclasses, difflib
+    peft = _peft()
+    if isinstance(spec, peft.LoraConfig): return spec
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"lora must be a dict of peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules), got {type(spec).__name__}")
+    known = {f.name for f in dataclasses.fields(peft.LoraConfig) if f.init}
+    bad = sorted((str(k) for k in spec if k not in known))
+    if bad:
+        close = [m for b in bad for m in difflib.get_close_matches(b, known, n=1)]
+        raise ValueError(f"lora: unknown option(s) {bad}" + (f" (did you mean {', '.join(map(repr, close))}?)" if close else "")
+                         + "; the options are peft.LoraConfig's (r, lora_alpha, lora_dropout, target_modules, bias, use_rslora, ...)")
+    d = {**LORA_DEFAULTS, **spec}
+    if str(d.get("task_type") or "CAUSAL_LM") != "CAUSAL_LM": raise ValueError(f"lora.task_type must be CAUSAL_LM (a causal LM student), got {d['task_type']!r}")
+    d["task_type"] = "CAUSAL_LM"
+    r, alpha, drop = d["r"], d["lora_alpha"], d["lora_dropout"]
+    if isinstance(r, bool) or not isinstance(r, int) or r < 1: raise ValueError(f"lora.r must be an int >= 1 (the adapters' rank), got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not alpha > 0: raise ValueError(f"lora.lora_alpha must be a number > 0, got {alpha!r}")
+    if isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0 <= drop < 1: raise ValueError(f"lora.lora_dropout must be in [0, 1), got {drop!r}")
+    try: return peft.LoraConfig(**d)
+    except (TypeError, ValueError) as e: raise ValueError(f"lora: {' '.join(str(e).split())[:300]}") from None
+
+def add_lora(model, # a transformers causal LM
+             lora:Mapping|Any, # LoraConfig options (`lora_config`) or a LoraConfig
+             base:str|None=None, # what the adapter folder records as its base: a student name or a folder (None: peft's default, the model's name_or_path)
+            ) -> Any: # peft PeftModel: the base weights frozen, only the adapters train
+    "Wrap `model` with fresh LoRA adapters (`peft.get_peft_model`)."
+    cfg = lora_config(lora)
+    try: pm = _peft().get_peft_model(model, cfg)
+    except ValueError as e:   # e.g. target modules the model does not have
+        tm = sorted(cfg.target_modules) if isinstance(cfg.target_modules, (set, frozenset)) else cfg.target_modules
+        raise ValueError(f"lora.target_modules {tm!r}: {' '.join(str(e).split())[:300]}") from None
+    if base is not None: pm.peft_config["default"].base_model_name_or_path = base
+    return pm
+
+def is_adapter_folder(path:str|os.PathLike) -> bool:
+    "Whether `path` is a folder of peft adapters (it holds adapter_config.json)."
+    p = Path(path).expanduser()
+    return p.is_dir() and (p/_ADAPTER_CONFIG).is_file()
+
+def _load_adapter_folder(folder:Path, dt, dev, cache_dir):
+    "The adapter folder's base (a student name or folder, loaded offline) with its adapters, and the base's tokenizer."
+    try: base = json.loads((folder/_ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+    except (OSError, ValueError) as e: raise ValueError(f"{folder/_ADAPTER_CONFIG}: not a readable adapter config ({e})") from None
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{folder/_ADAPTER_CONFIG} names no base model (base_model_name_or_path): set it to a student name or a model folder")
+    if base not in STUDENTS and not Path(base).expanduser().is_absolute(): base = str((folder/base).absolute())  # relative: from the adapter folder
+    if base not in STUDENTS and not Path(base).expanduser().is_dir():
+        raise FileNotFoundError(f"{folder}: its base model {base!r} is neither a built-in student ({', '.join(STUDENTS)}) nor an existing folder")
+    model, tok = load_student(base, dtype=dt, device=dev, cache_dir=cache_dir)
+    try: pm = _peft().PeftModel.from_pretrained(model, str(folder))
+    except (OSError, ValueError, RuntimeError, KeyError) as e:
+        raise ValueError(f"{folder}: the adapters do not load onto {base}: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
+    return pm.eval(), tok
+
 # %% ../nbs/23_models.ipynb #4eb40843
 _DTYPES = ("float32", "bfloat16", "float16", "float64")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
@@ -228,11 +297,16 @@ def load_student(name_or_path:str|os.PathLike, # "smollm2-135m-instruct", "tiny"
                  dtype=None, # torch dtype of the weights, or "float32" | "bfloat16" | "float16" | "float64"; None => float32
                  device=None, # where the model goes ("cpu", "cuda:0", a torch.device); None => CPU
                  cache_dir:Path|str|None=None, # root of the conversion cache; None => `student_cache_dir()`
-                ) -> tuple[Any, Any]: # (causal LM in eval mode, tokenizer with a chat template)
-    "Load a student causal LM and its tokenizer, offline."
+                 lora:Mapping|None=None, # peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules, ...): new adapters, which alone train
+                ) -> tuple[Any, Any]: # (causal LM in eval mode, a peft model with `lora=` or an adapter folder; tokenizer with a chat template)
+    "Load a student causal LM and its tokenizer, offline; with `lora=` wrapped with fresh LoRA adapters; an adapter folder loads on its base."
     if not isinstance(name_or_path, (str, os.PathLike)):
         raise TypeError(f"name_or_path must be a student name or a folder path, got {type(name_or_path).__name__}")
     name, dt, dev = os.fspath(name_or_path), _torch_dtype(dtype), _torch_device(device)
+    if name not in STUDENTS and is_adapter_folder(name):
+        if lora is not None: raise ValueError(f"lora= makes new adapters, but {name} is an adapter folder already (load it without lora=)")
+        return _load_adapter_folder(Path(name).expanduser(), dt, dev, cache_dir)
+    if lora is not None: lora = lora_config(lora)   # a bad option fails before any weights are read
     if name == "tiny":
         from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer  # moves to a runtime module later
         model, tok = tiny_causal_lm(dtype=dt), tiny_tokenizer()
@@ -246,4 +320,5 @@ def load_student(name_or_path:str|os.PathLike, # "smollm2-135m-instruct", "tiny"
         elif not getattr(tok, "chat_template", None):
             raise ValueError(f"the tokenizer in {folder} has no chat template (the collator and generation need one)")
     if dev is not None: model = model.to(dev)
+    if lora is not None: model = add_lora(model, lora, base=name if name in STUDENTS else str(Path(name).expanduser().absolute()))
     return model.eval(), tok

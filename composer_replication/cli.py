@@ -22,7 +22,7 @@ __all__ = ['TRL_COLUMNS', 'info', 'check_device', 'build_parser', 'main', 'repla
            'write_trl_dataset']
 
 # %% ../nbs/41_cli.ipynb #99f3105e
-_STACKS = {"trl": ["trl", "datasets"], "diloco": ["torchft"], "dj": ["data_juicer"]}  # extra -> modules it provides
+_STACKS = {"trl": ["trl", "datasets"], "diloco": ["torchft"], "dj": ["data_juicer"], "peft": ["peft"]}  # extra -> modules it provides
 
 def _version(dist:str) -> str|None:
     try: return importlib.metadata.version(dist)
@@ -36,10 +36,15 @@ def info() -> dict:
             "extras": {k: all(importlib.util.find_spec(m) is not None for m in mods) for k, mods in _STACKS.items()}}
 
 # %% ../nbs/41_cli.ipynb #3779f8ea
+def _rank() -> int:
+    "This process's rank under torchrun / accelerate launch (their RANK), 0 alone."
+    try: return int(os.environ.get("RANK", "0") or 0)
+    except ValueError: return 0
+
 def _fail(e:BaseException|str) -> int:
-    "Report bad input as one line on stderr; the exit status for it (2)."
+    "Report bad input as one line on stderr (rank 0 only: every process of a launch sees the same input); the exit status for it (2)."
     msg = " ".join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
-    print(f"error: {msg}", file=sys.stderr)
+    if _rank() == 0: print(f"error: {msg}", file=sys.stderr)
     return 2
 
 _STAGE = {"now": "starting"}   # what the running command is doing: the stage an unexpected error is reported in
@@ -180,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog="example: composer-replication eval suite/heldout suite/heldout/expected.jsonl --model smollm2-135m-instruct --out eval/")
     s.add_argument("sessions", help="a folder of sessions (a task-suite split folder is read through its sessions/)")
     s.add_argument("expected", help="the expected-actions JSONL (composer_replication.task_suite's format)")
-    s.add_argument("--model", required=True, help="smollm2-135m-instruct, tiny, or a local Hugging Face model folder")
+    s.add_argument("--model", required=True, help="smollm2-135m-instruct, tiny, a local Hugging Face model folder, or a LoRA adapter folder (`train` with lora: writes one)")
     s.add_argument("--out", required=True, help="folder for records.jsonl and summary.json")
     s.add_argument("--max-new-tokens", type=int, default=256, help="generation cap per state (default: 256)")
     s.add_argument("--max-states", type=int, default=None, help="evaluate only the first N states")
@@ -225,7 +230,8 @@ def main(argv:list[str]|None=None, # the arguments (default: sys.argv[1:])
         return code
     except Exception as e:     # a bug, or a failure no check foresaw: one line (the traceback with --debug)
         if getattr(args, "debug", False): raise
-        print(f"{prog}: failed while {_STAGE['now']}: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        who = f" [rank {_rank()}]" if _rank() else ""   # a launch's other processes say which they are
+        print(f"{prog}{who}: failed while {_STAGE['now']}: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)
         return 1
     finally:
         if main_thread: signal.signal(signal.SIGTERM, old)
@@ -575,7 +581,8 @@ def _add_stage_parsers(sub):
     s.add_argument("--max-tool-calls", type=int, default=16, help="an answer with more tool calls is left out (default: 16)")
     s.set_defaults(func=_cmd_pairs)
     s = sub.add_parser("train", help="train what a recipe file describes (offline three-channel, or GRPO with a reward)",
-                       epilog="example: composer-replication train --config runs/demo-x/recipe.yaml --out runs/demo-x/again")
+                       epilog="example: composer-replication train --config runs/demo-x/recipe.yaml --out runs/demo-x/again; on 2 GPUs (DDP): "
+                              "torchrun --nproc_per_node 2 -m composer_replication train --config recipe.yaml (rank 0 prints and writes)")
     s.add_argument("--config", required=True, metavar="RECIPE.yaml", help="the recipe (see composer_replication.recipe; `demo` writes one)")
     s.add_argument("--out", default=None, help="output folder (default: the recipe's output_dir)")
     s.add_argument("--quiet", action="store_true", help="no progress bar or summary")

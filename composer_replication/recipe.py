@@ -22,10 +22,10 @@ from .loss import LossConfig
 
 # %% auto #0
 __all__ = ['RECIPE_VERSION', 'MODES', 'REPORT_TO_PACKAGES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS',
-           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'CHANNELS', 'RecipeError', 'DataSpec', 'GRPOSpec', 'DiLoCoSpec',
-           'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml', 'save_recipe', 'check_recipe',
-           'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer', 'channel_progress', 'run_metrics',
-           'train_recipe', 'recipe_from_demo']
+           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'TINY_BASE', 'CHANNELS', 'RecipeError', 'DataSpec', 'GRPOSpec',
+           'DiLoCoSpec', 'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml', 'save_recipe',
+           'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer', 'channel_progress',
+           'run_metrics', 'train_recipe', 'recipe_from_demo']
 
 # %% ../nbs/27_recipe.ipynb #17eb4491
 RECIPE_VERSION = 1                  # the `version:` a recipe file carries
@@ -257,6 +257,7 @@ class Recipe:
     "Everything a training run needs, checked when made; `to_dict`/`from_dict` are the YAML file's shape."
     model: str = "tiny"           # "tiny", "smollm2-135m-instruct", or a local Hugging Face model folder
     train_layers: int|None = None # train only the model's top N decoder layers (and its final norm); None: every parameter trains
+    lora: dict|None = None        # LoRA adapters instead (peft.LoraConfig's options: r, lora_alpha, lora_dropout, target_modules, ...); None: no adapters
     mode: str = "offline"         # "offline" (LM-CE + SDPO + DPO) or "grpo" (GRPO + SDPO + DPO, needs grpo.reward)
     output_dir: str = "runs/train" # where `train` writes metrics.jsonl, summary.json, recipe.yaml, model/ and checkpoints
     seed: int = 0                 # model init (tiny), data order and the trainer; 0 <= seed < 2**32
@@ -276,6 +277,14 @@ class Recipe:
         self.output_dir = _path(self.output_dir, "output_dir", none_ok=False)
         if self.mode not in MODES: raise _err("mode", f"must be one of {list(MODES)}, got {self.mode!r:.60}")
         _int(self.seed, "seed", 0, 2**32 - 1); _int(self.train_layers, "train_layers", 1, none_ok=True)
+        if self.lora is not None:
+            if not isinstance(self.lora, abc.Mapping): raise _err("lora", f"must be a mapping of peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules) or null, got {type(self.lora).__name__}")
+            if self.train_layers is not None: raise _err("train_layers", "must be null with lora: (the adapters train, every base weight stays frozen)")
+            self.lora = dict(self.lora)
+            if importlib.util.find_spec("peft") is not None:   # else check_recipe says what to install
+                from composer_replication.models import lora_config
+                try: lora_config(self.lora)
+                except (TypeError, ValueError) as e: raise _err("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
         self.data, self.grpo, self.diloco = _section(DataSpec, self.data, "data"), _section(GRPOSpec, self.grpo, "grpo"), _section(DiLoCoSpec, self.diloco, "diloco")
         self.loss = _loss(self.loss)
         opts = _collator_options()
@@ -298,7 +307,7 @@ class Recipe:
 
     def to_dict(self) -> dict:
         "The recipe as plain data (YAML- and JSON-ready), every option written out."
-        return {"version": self.version, "name": self.name, "mode": self.mode, "model": self.model, "train_layers": self.train_layers, "seed": self.seed,
+        return {"version": self.version, "name": self.name, "mode": self.mode, "model": self.model, "train_layers": self.train_layers, "lora": None if self.lora is None else dict(self.lora), "seed": self.seed,
                 "output_dir": self.output_dir, "data": dataclasses.asdict(self.data), "loss": self.loss.to_dict(),
                 "collator": dict(self.collator), "training": dict(self.training), "grpo": dataclasses.asdict(self.grpo),
                 "diloco": dataclasses.asdict(self.diloco)}
@@ -466,20 +475,39 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
             raise _err("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
     hg = recipe.collator["hint_generator"]
     if hg is not None: _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")
+    if recipe.lora is not None and importlib.util.find_spec("peft") is None:
+        raise _err("lora", "LoRA adapters need peft: pip install composer-replication[peft]")
     _check_output_dir(recipe.output_dir)
     _args(recipe)          # the arguments class's own checks of the training values
     return recipe
 
 # %% ../nbs/27_recipe.ipynb #c3c42cf7
+TINY_BASE = "base"   # with lora: and the tiny model at a seed other than 0, the adapters' base is saved beside them, in model/base
+
 def load_recipe_model(recipe:Recipe) -> tuple[Any, Any]:
-    "The recipe's (model, tokenizer): the tiny Llama seeded with `recipe.seed`, SmolLM2, or a local folder."
+    "The recipe's (model, tokenizer): the tiny Llama seeded with `recipe.seed`, SmolLM2, or a local folder; with fresh LoRA adapters under `lora:`."
     if recipe.model == "tiny":
         from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
-        return tiny_causal_lm(seed=recipe.seed), tiny_tokenizer()
-    from composer_replication.models import load_student
-    try: model, tok = load_student(recipe.model)
-    except (OSError, ValueError, KeyError) as e: raise _err("model", f"cannot load {recipe.model}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from e
+        model, tok = tiny_causal_lm(seed=recipe.seed), tiny_tokenizer()
+    else:
+        from composer_replication.models import load_student
+        try: model, tok = load_student(recipe.model)
+        except (OSError, ValueError, KeyError) as e: raise _err("model", f"cannot load {recipe.model}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from e
+    if recipe.lora is not None:
+        from transformers import set_seed
+        from composer_replication.models import add_lora
+        set_seed(recipe.seed)   # the adapters' random init (A) follows the recipe's seed; under DDP rank 0's is broadcast
+        base = (("tiny" if recipe.seed == 0 else TINY_BASE) if recipe.model == "tiny" else recipe.model)   # what the adapter folder records
+        try: model = add_lora(model, recipe.lora, base=base)
+        except (TypeError, ValueError) as e: raise _err("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
     return model, tok
+
+def _adapters_trained(model) -> dict:
+    "What trains in a peft model (the `train_top_layers` summary)."
+    cfg = model.peft_config["default"]
+    tm = sorted(cfg.target_modules) if isinstance(cfg.target_modules, (set, frozenset)) else cfg.target_modules
+    return {"layers": f"LoRA adapters (r={cfg.r}, alpha={cfg.lora_alpha:g}) on {tm}",
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": sum(p.numel() for p in model.parameters())}
 
 def train_top_layers(model, # a Hugging Face causal LM
                      k:int|None, # decoder layers that train, counted from the top; None: everything trains
@@ -538,7 +566,7 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
     args = _args(recipe)
     data = recipe_data(recipe)
     model, tok = load_recipe_model(recipe)
-    trained = train_top_layers(model, recipe.train_layers)
+    trained = _adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
     col = dict(recipe.collator)
     hg = col.pop("hint_generator")
     pad = col.pop("pad_token_id")
@@ -588,10 +616,14 @@ def run_metrics(log_history:list[dict]) -> list[dict]:
     return [{"step": l["step"], **{k.split("/", 1)[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l.get("loss")}
             for l in log_history if any(k.startswith("composer/") for k in l) and "loss" in l]
 
+def _main_process() -> bool:
+    "Whether this process writes the run's files: rank 0 of a torchrun / accelerate launch (RANK), or the only process."
+    return int(os.environ.get("RANK", "0") or 0) == 0
+
 def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
-                 *, progress:bool=True, # a bar with the per-channel losses, and a summary line on stdout
+                 *, progress:bool=True, # a bar with the per-channel losses, and a summary line on stdout (rank 0 only)
                 ) -> dict: # summary: output folder, steps, first/last per-channel losses, files
-    "Train what the recipe describes; write recipe.yaml, metrics.jsonl, summary.json and model/ under its output_dir."
+    "Train what the recipe describes; write recipe.yaml, metrics.jsonl, summary.json and model/ under its output_dir (rank 0 only under DDP)."
     import time
     from transformers.trainer_callback import PrinterCallback
     from transformers.trainer_utils import get_last_checkpoint
@@ -601,31 +633,43 @@ def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
         raise _err("diloco.enabled", "train runs one process; DiLoCo replicas are launched by composer_replication.diloco.serverless "
                                      "(replica_spec_from_recipe: each replica builds its trainer from this recipe); set enabled: false to train here")
     out = Path(recipe.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    save_recipe(recipe, out/"recipe.yaml")                 # first: what this run is, even if it stops
-    say = print if progress else (lambda *a, **k: None)
+    main = _main_process()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_recipe(recipe, out/"recipe.yaml")             # first: what this run is, even if it stops
     trainer, tok = build_trainer(recipe)
+    main = trainer.is_world_process_zero()
+    say = print if progress and main else (lambda *a, **k: None)
     trainer.remove_callback(PrinterCallback)
-    if progress: trainer.add_callback(channel_progress(trainer.args.max_steps))
-    last = get_last_checkpoint(str(out)) if any(out.glob("checkpoint-*")) else None
+    if progress and main: trainer.add_callback(channel_progress(trainer.args.max_steps))
+    last = get_last_checkpoint(str(out)) if out.is_dir() and any(out.glob("checkpoint-*")) else None
     if last: say(f"resuming from {last}")
     t0 = time.perf_counter()
     trainer.train(resume_from_checkpoint=last)
     secs = time.perf_counter() - t0
     metrics = run_metrics(trainer.state.log_history)
-    write_jsonl(out/"metrics.jsonl", metrics)
-    trainer.save_model(str(out/"model")); tok.save_pretrained(str(out/"model"))
+    trainer.save_model(str(out/"model"))                  # every process calls it (FSDP gathers the weights); rank 0 writes
+    if main:
+        write_jsonl(out/"metrics.jsonl", metrics)
+        tok.save_pretrained(str(out/"model"))
+        if recipe.lora is not None and recipe.model == "tiny" and recipe.seed != 0:   # the adapters' base (TINY_BASE), beside them
+            from composer_replication.tiny import tiny_causal_lm
+            tiny_causal_lm(seed=recipe.seed).save_pretrained(str(out/"model"/TINY_BASE)); tok.save_pretrained(str(out/"model"/TINY_BASE))
     chans = CHANNELS[recipe.mode]
     first, lastm = (metrics[0], metrics[-1]) if metrics else ({}, {})
     summary = {"output_dir": str(out), "mode": recipe.mode, "model": recipe.model, "steps": trainer.state.global_step,
+               "processes": trainer.args.world_size, "trained": trainer.recipe_trained,
                "examples": len(trainer.recipe_data["examples"]), "pairs": len(trainer.recipe_data["pairs"]),
                "first": {k: first.get(k) for k in chans}, "last": {k: lastm.get(k) for k in chans}, "train_seconds": round(secs, 2),
                "files": {k: str(out/v) for k, v in (("recipe", "recipe.yaml"), ("metrics", "metrics.jsonl"), ("model", "model"))}}
-    (out/"summary.json").write_text(json.dumps(summary, indent=2))
+    if main: (out/"summary.json").write_text(json.dumps(summary, indent=2))
+    trainer.accelerator.wait_for_everyone()               # the other processes end once rank 0 has written
     fmt = lambda v: "n/a" if v is None else f"{v:.4g}"
-    say(f"trained {summary['steps']} steps in {secs:.1f}s: " + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(lastm.get(k))}" for k in chans))
-    say(f"wrote {out}/: recipe.yaml metrics.jsonl summary.json model/")
+    say(f"trained {summary['steps']} steps in {secs:.1f}s" + (f" on {summary['processes']} processes" if summary["processes"] > 1 else "") + ": "
+        + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(lastm.get(k))}" for k in chans))
+    say(f"wrote {out}/: recipe.yaml metrics.jsonl summary.json model/" + (" (LoRA adapters: adapter_config.json, adapter_model.safetensors)" if recipe.lora is not None else ""))
     return summary
+
 
 # %% ../nbs/27_recipe.ipynb #1d938ab8
 def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read by attribute: this module sits below the demo)
@@ -634,7 +678,9 @@ def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read b
                     ) -> Recipe: # paths relative to the run folder, so `runs/<name>/recipe.yaml` trains on that run's files
     "The recipe of the training a demo run does: `train --config runs/<name>/recipe.yaml` reproduces it."
     model = getattr(cfg, "model", None)
-    return Recipe(model="tiny" if model is None else os.fspath(model), train_layers=train_layers, mode="offline", output_dir="train", seed=cfg.seed,
+    lora = getattr(cfg, "lora", None)
+    return Recipe(model="tiny" if model is None else os.fspath(model), train_layers=None if lora is not None else train_layers,
+                  lora=None if lora is None else dict(lora), mode="offline", output_dir="train", seed=cfg.seed,
                   name=name or getattr(cfg, "name", None),
                   data=DataSpec(states="states.jsonl", pairs="pairs.jsonl", repeat=cfg.steps),
                   loss=cfg.loss if isinstance(cfg.loss, LossConfig) else LossConfig.from_dict(cfg.loss or {}),

@@ -576,7 +576,7 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
     examples = data["examples"]
     if recipe.mode == "offline":
         from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
+        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size   # rows per optimizer step, all processes
         repeat = recipe.data.repeat or (max(1, math.ceil(args.max_steps * per_step / len(examples))) if args.max_steps > 0 else 1)
         trainer = ComposerOfflineTrainer(model, args, train_dataset=examples * repeat, data_collator=collator, loss_config=recipe.loss,
                                          **trainer_kwargs)

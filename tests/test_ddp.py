@@ -82,3 +82,50 @@ def test_grpo_lora_accelerate_launch(tmp_path):
     assert one["reference"] == "adapters disabled"
     _active(one, "sdpo_jsd", "trace_replay_dpo")
     _same(one, ddp)
+
+
+def _cli_recipe(tmp, batch):
+    "A LoRA recipe on the tiny model and the sample session (its 6 windows at 1,024 tokens), in order."
+    import importlib.resources
+    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    from composer_replication.jsonl import write_jsonl
+    sample = Path(importlib.resources.files("composer_replication"))/"assets/sample_session/demo-calc-fix.jsonl"
+    states = list(ClaudeCodeIngester().ingest(sample))
+    write_jsonl(tmp/"states.jsonl", states)
+    fixes = {2: '[TOOL_USE] name=Read input={"file_path": "/home/user/calc/calc/core.py"}', 6: '[TOOL_USE] name=Read input={"file_path": "/home/user/calc/tests/test_calc.py"}'}
+    write_jsonl(tmp/"pairs.jsonl", [{"state_id": states[i]["state_id"], "state_messages": states[i]["messages"], "chosen": a,
+                                     "rejected": states[i]["student_action"], "n_teachers_agreeing": 2} for i, a in fixes.items()])
+    cfg = tmp/f"recipe-{batch}.yaml"
+    cfg.write_text("model: tiny\nlora:\n  r: 4\n  lora_alpha: 8\ndata:\n  states: states.jsonl\n  pairs: pairs.jsonl\n"
+                   "collator:\n  max_seq_len: 1024\n  max_dpo_seq_len: 512\nloss:\n  alpha_sdpo: 0.5\n  beta_replay: 0.5\n"
+                   f"training:\n  max_steps: 3\n  learning_rate: 1.0e-2\n  per_device_train_batch_size: {batch}\n"
+                   "  train_sampling_strategy: sequential\n  use_cpu: true\n")
+    return cfg
+
+
+def test_cli_train_torchrun_module_rank0_outputs(tmp_path):
+    "`torchrun -m composer_replication train`: one summary line, one set of files, the same metrics as one process (point 3 of issue 25)."
+    one = subprocess.run([sys.executable, "-m", "composer_replication", "train", "--config", str(_cli_recipe(tmp_path, 2)), "--out",
+                          str(tmp_path/"one"), "--quiet"], env=_env(), capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    ddp = subprocess.run([str(BIN/"torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_port()),
+                          "-m", "composer_replication", "train", "--config", str(_cli_recipe(tmp_path, 1)), "--out", str(tmp_path/"ddp")],
+                         env=_env(), capture_output=True, text=True, timeout=600)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    assert ddp.stdout.count("trained 3 steps") == 1 and "on 2 processes" in ddp.stdout, ddp.stdout   # rank 0 prints, once
+    assert ddp.stdout.count("wrote ") == 1 and ddp.stderr.count("train:") >= 1
+    files = sorted(p.name for p in (tmp_path/"ddp").iterdir())
+    assert files == ["metrics.jsonl", "model", "recipe.yaml", "summary.json"], files
+    assert (tmp_path/"ddp"/"model"/"adapter_config.json").is_file() and not (tmp_path/"ddp"/"model"/"model.safetensors").exists()
+    s = json.loads((tmp_path/"ddp"/"summary.json").read_text()); assert s["processes"] == 2 and s["steps"] == 3
+    rows = lambda d: [json.loads(l) for l in (tmp_path/d/"metrics.jsonl").read_text().splitlines()]
+    a, b = rows("one"), rows("ddp")
+    assert len(a) == len(b) == 3
+    for x, y in zip(a, b):
+        for k in ("lm_ce", "sdpo_jsd", "trace_replay_dpo", "loss"): assert abs(x[k] - y[k]) <= TOL * max(1.0, abs(x[k])), (k, x, y)
+    assert any(x["trace_replay_dpo"] != 0 for x in a) and any(x["sdpo_jsd"] != 0 for x in a)
+    from safetensors.torch import load_file
+    wa, wb = (load_file(str(tmp_path/d/"model"/"adapter_model.safetensors")) for d in ("one", "ddp"))
+    assert wa.keys() == wb.keys() and wa
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= TOL
+    assert any(float(wa[k].abs().max()) > 0 for k in wa if "lora_B" in k)   # the adapters trained (B starts at 0)

@@ -52,7 +52,7 @@ class Settings:
     n_heldout: int = 30          # held-out sessions (disjoint names): >= 45 error-recovery states; read once, by the final stage
     train_layers: int = 8        # top decoder layers trained (+ final norm); 0 = every weight
     max_seq_len: int = 1536      # window length of the trace rows (the head of a suite session is ~570 tokens with its tools)
-    max_dpo_seq_len: int = 512   # DPO rows (both sides share one prompt)
+    max_dpo_seq_len: int = 1024  # DPO rows (both sides share one prompt; the head alone is ~570 tokens: at 512 every pair dropped)
     max_prompt_tokens: int = 1536  # evaluation prompts (whole steps kept), = what training saw
     steps: int = 32              # optimizer steps per run, one window each
     warmup_steps: int = 2
@@ -67,8 +67,8 @@ class Settings:
     eval_batch_size: int = 8
     quick: bool = False
 
-QUICK = dict(model="tiny", threads=1, n_train=3, n_dev=3, n_heldout=4, train_layers=0, max_seq_len=1024, max_dpo_seq_len=384,
-             max_prompt_tokens=1024, steps=2, warmup_steps=0, lr_grid=[1e-3, 3e-3], alpha_grid=[1.0], beta_grid=[0.5],
+QUICK = dict(model="tiny", threads=1, n_train=3, n_dev=3, n_heldout=4, train_layers=0, max_seq_len=2048, max_dpo_seq_len=1536,
+             max_prompt_tokens=2048, steps=2, warmup_steps=0, lr_grid=[1e-3, 3e-3], alpha_grid=[1.0], beta_grid=[0.5],
              seeds=[0], max_new_tokens=8, eval_batch_size=4)
 GPU = dict(device="cuda", threads=0, n_train=48, n_dev=24, n_heldout=60, train_layers=0, max_seq_len=2048, max_dpo_seq_len=1024,
            max_prompt_tokens=2048, steps=150, seeds=[0, 1, 2], lr_grid=[1e-5, 3e-5, 1e-4], alpha_grid=[1.0, 3.0, 10.0],
@@ -206,12 +206,20 @@ def train(name:str, seed:int, data:dict, s:Settings, p:dict, work:Path):
                              seed=seed, data_seed=seed, disable_tqdm=True, dataloader_num_workers=0)
     tr = ComposerOfflineTrainer(model, args, train_dataset=config_examples(name, data), data_collator=coll, **k)
     tr.remove_callback(PrinterCallback)
+    # a channel that is on must have something to train: count its rows in the windows once (the collator caches them)
+    rows = [coll([w]) for w in tr.train_dataset]
+    used = {"dpo_pairs_in_rows": sum(len(b["dpo_row"]) for b in rows if "dpo_row" in b), "windows": len(rows),
+            "sdpo_rows": sum(int(b["sdpo_loss_mask"].sum() > 0) for b in rows if "sdpo_loss_mask" in b)}
+    if k["beta_replay"] > 0 and not used["dpo_pairs_in_rows"]:
+        raise RuntimeError(f"{name}: DPO is on but no pair fits max_dpo_seq_len={s.max_dpo_seq_len} (collator: {dict(coll.stats)})")
+    if k["alpha_sdpo"] > 0 and not used["sdpo_rows"]:
+        raise RuntimeError(f"{name}: SDPO is on but no window has a distilled error site (collator: {dict(coll.stats)})")
     timer = _StepTimer(); tr.add_callback(timer)
     t0 = time.perf_counter(); tr.train(); train_s = time.perf_counter() - t0
     hist = [h for h in tr.state.log_history if "composer/total" in h]
     chans = ("lm_ce", "sdpo_jsd", "trace_replay_dpo", "total")
     log = {"train_s": train_s, "median_step_s": sorted(timer.times)[len(timer.times) // 2] if timer.times else None,
-           "windows": len(tr.train_dataset), "counts": counts, "knobs": k, "collator": dict(coll.stats),
+           "windows": len(tr.train_dataset), "channel_rows": used, "counts": counts, "knobs": k, "collator": dict(coll.stats),
            "loss": {c: [h.get(f"composer/{c}") for h in hist] for c in chans}}
     model.eval(); del tr
     return model, tok, log
@@ -269,7 +277,8 @@ def stage_tune(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float) -
         recs, summ = evaluate(model, tok, data, "dev", s, greedy=False); del model
         t = {**key, "dev_margin_repeat": summ["margin_repeat"]["mean"], "dev_margin_repeat_ci95": summ["margin_repeat"]["ci95"],
              "dev_margin_recorded": summ["margin_recorded"]["mean"], "train_s": log["train_s"], "median_step_s": log["median_step_s"],
-             "windows": log["windows"], "last_loss": {c: v[-1] for c, v in log["loss"].items() if v}, "records": recs}
+             "windows": log["windows"], "channel_rows": log["channel_rows"], "collator": log["collator"],
+             "last_loss": {c: v[-1] for c, v in log["loss"].items() if v}, "records": recs}
         tuning.append(t); _save(path, res, t0)
         _log(out, f"tune {name} {params} seed {seed}: dev margin_repeat {t['dev_margin_repeat']:+.4f} ({log['train_s']:.0f} s training)")
         return t

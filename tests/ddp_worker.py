@@ -69,11 +69,12 @@ def main():
                                         trace_dataset=examples, data_collator=collator, trace_batch_size=a.batch, loss_config=loss)
     tr.train()
     logs = [{k: v for k, v in l.items() if k.startswith("composer/") or k == "loss"} for l in tr.state.log_history if "loss" in l]
+    inner = tr.accelerator.unwrap_model(tr.model)
+    weights = {n: p.detach().double().flatten().tolist() for n, p in inner.named_parameters() if p.requires_grad}
     if tr.is_world_process_zero():
-        inner = tr.accelerator.unwrap_model(tr.model)
-        weights = {n: p.detach().double().flatten().tolist() for n, p in inner.named_parameters() if p.requires_grad}
         Path(a.out).write_text(json.dumps({"world": tr.accelerator.num_processes, "logs": logs, "weights": weights,
-                                           "reference": tr.reference}))
+                                           "reference": tr.reference,
+                                           "distributed": str(tr.accelerator.distributed_type), "wrapped": type(tr.model_wrapped).__name__}))
 
 
 if __name__ == "__main__":

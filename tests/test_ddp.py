@@ -36,6 +36,7 @@ def _run(tmp, launcher, *args):
 def _same(one, ddp):
     "Same logged steps, channels and trainable weights (to TOL)."
     assert (one["world"], ddp["world"]) == (1, 2)
+    assert ddp["wrapped"] == "DistributedDataParallel" and one["wrapped"] != "DistributedDataParallel", (one["wrapped"], ddp["wrapped"])
     assert len(one["logs"]) == len(ddp["logs"]) == 3
     for s, (a, b) in enumerate(zip(one["logs"], ddp["logs"])):
         assert a.keys() == b.keys(), (a.keys(), b.keys())

@@ -365,8 +365,8 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         if model.training:
             if self._window is not None:   # the step's counts over every micro-batch and process (`get_batch_samples`)
                 share = self._global_share(self._batch_counts(inputs), self._window)
-            else:                           # called outside the training loop: this batch alone
-                share = torch.full((3,), 1.0 / max(self.current_gradient_accumulation_steps, 1), dtype=torch.float64)
+            else:                           # called outside the training loop: this batch's own means
+                share = torch.ones(3, dtype=torch.float64)
             lm, sdpo, replay = (x * float(s) for x, s in zip((lm, sdpo, replay), share))
         total = lm + self.alpha_sdpo * sdpo + self.beta_replay * replay
         if model.training:   # logged per micro-batch; their mean over a step (x its micro-batches) and over the processes is the step's value

@@ -391,7 +391,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
                 out[side] = rt
         if margins and model is not None and r.get("error_recovery") and (right := _calls_only(r["action"])) is not None:
             sides = {"m_right": right, "m_repeat": _failing_calls(messages),
-                     "m_recorded": None if r["recorded_ok"] else _calls_only(it["state"]["student_action"])}
+                     "m_recorded": _calls_only(it["state"]["student_action"]) if r.get("recorded_ok") is False and it["state"].get("student_action") else None}
             for side, msg in sides.items():
                 if msg is not None and (rt := _reply_text(tokenizer, messages, msg, prompt_p, it["tools"])) is not None: out[side] = rt
         return out

@@ -177,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train a session longer than --max-seq-len as one row cut from the left (default: windows that each open with the system prompt and the task)")
     s.add_argument("--solution-sources", dest="solution_sources", type=lambda v: tuple(x for x in v.split(",") if x),
                    help="what the SDPO hints may state as the solution: teachers,hindsight (default), teachers, hindsight, or '' for none")
+    s.add_argument("--lora", dest="lora", action="store_const", const=True,
+                   help="train LoRA adapters (peft: rank 16 on the attention and MLP projections) instead of the top layers; lr 1e-3 unless --lr")
     s.add_argument("--seed", dest="seed", type=int, help="seed, 0 <= seed < 2**32 (default: 0)")
     s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())} (default: auto)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")

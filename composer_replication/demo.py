@@ -23,7 +23,7 @@ if TYPE_CHECKING: from composer_replication.loss import LossConfig
 
 # %% auto #0
 __all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DEFAULT_STUDENT',
-           'DEMO_STUDENTS', 'DEMO_SIZES', 'DEMO_WEIGHTS', 'demo_sizes', 'DemoInputError', 'DemoConfig',
+           'DEMO_STUDENTS', 'DEMO_SIZES', 'LORA_LR', 'DEMO_WEIGHTS', 'demo_sizes', 'DemoInputError', 'DemoConfig',
            'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
 
 # %% ../nbs/40_demo.ipynb #a8ec27d1
@@ -43,7 +43,7 @@ FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
     "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
     "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
-    "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources"}
+    "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources", "lora": "--lora"}
 
 DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model says otherwise
 DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
@@ -110,9 +110,17 @@ class DemoConfig:
     loss: LossConfig|dict|None = None  # every loss option (a LossConfig, or a dict of its fields from a recipe file); the weights above override its own
     windows: bool = True          # split a session longer than max_seq_len into windows (`trace_windows`); False: one left-cut row
     solution_sources: tuple[str, ...] = ("teachers", "hindsight")  # what the SDPO hints may state as the solution ("teachers", "hindsight", both, none)
+    lora: bool|dict|None = None   # train LoRA adapters instead of layers: True (`models.LORA_DEFAULTS`: r 16, attention + MLP) or peft.LoraConfig options
 
     def __post_init__(self):
         if self.model is None: self.model = "tiny"   # what None meant before the real student was the default
+        if self.lora is not None and self.lora is not False:
+            from composer_replication.models import LORA_DEFAULTS
+            if self.lora is True: self.lora = dict(LORA_DEFAULTS)
+            elif not isinstance(self.lora, dict): raise _bad("lora", f"must be true or a dict of peft.LoraConfig options, got {self.lora!r:.60}", TypeError)
+            else: self.lora = {**LORA_DEFAULTS, **self.lora}
+            if self.lr is None: self.lr = max(demo_sizes(self.model)["lr"], LORA_LR)   # adapters start at zero: a larger step than layers take
+        else: self.lora = None
         if not isinstance(self.model, (str, os.PathLike)):
             raise _bad("model", f"must be a student name ({', '.join(DEMO_STUDENTS)}) or a model folder (str), got {type(self.model).__name__}", TypeError)
         self.model = os.fspath(self.model)
@@ -160,6 +168,7 @@ class DemoConfig:
         self.loss = _loss_config(self.loss, self.alpha_sdpo, self.beta_replay)   # last: a bad flag is reported before torch is imported
         self.alpha_sdpo, self.beta_replay = self.loss.alpha_sdpo, self.loss.beta_replay
 
+LORA_LR = 1e-3  # the demo's learning rate with --lora when --lr is not given (or the model's, if larger)
 DEMO_WEIGHTS = {"alpha_sdpo": 0.5, "beta_replay": 0.5}  # the demo's channel weights when neither a flag nor `loss` sets them
 
 def _loss_config(loss, alpha_sdpo, beta_replay):
@@ -342,7 +351,19 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         from composer_replication.tiny import tiny_causal_lm
         model = tiny_causal_lm(seed=cfg.seed)
     sizes = demo_sizes(cfg.model)
-    trained = train_top_layers(model, sizes["train_layers"])
+    if cfg.lora is not None:   # adapters instead of the top layers
+        from composer_replication.models import add_lora
+        from composer_replication.recipe import TINY_BASE, _adapters_trained
+        from composer_replication.trainer.composer_trainer import loss_view
+        import transformers
+        transformers.set_seed(cfg.seed)   # the adapters' init
+        base = (("tiny" if cfg.seed == 0 else TINY_BASE) if cfg.model == "tiny" else cfg.model if cfg.model in DEMO_STUDENTS
+                else str(Path(cfg.model).absolute()))   # what the adapter folder records (a seeded tiny base is saved beside it)
+        try: model = add_lora(model, cfg.lora, base=base)
+        except (TypeError, ValueError, ImportError) as e: raise _bad("lora", _one_line(e), DemoInputError) from e
+        trained, scored = _adapters_trained(model), loss_view(model)
+    else:
+        trained, scored = train_top_layers(model, sizes["train_layers"]), model
     t_load = time.perf_counter() - t1
     try: run.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise _bad("out", f"cannot create the run folder {run}: {e.strerror or e}", DemoInputError) from e
@@ -373,7 +394,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
     pairs = extract_dpo_pairs(states, results, agreement_threshold=AGREEMENT_THRESHOLD)
     save_pairs(pairs, run/"pairs.jsonl")
-    save_recipe(recipe_from_demo(cfg, run.name, train_layers=sizes["train_layers"]), run/"recipe.yaml")   # `train --config` on it reproduces the training
+    save_recipe(recipe_from_demo(cfg, run.name, train_layers=None if cfg.lora is not None else sizes["train_layers"]), run/"recipe.yaml")   # `train --config` on it reproduces the training
     t_replay = time.perf_counter() - t1
     say(f"[2/6] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
         f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
@@ -393,7 +414,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     say(f"[3/6] collated {n_traces} trace(s) into {len(examples)} row(s) of at most {probe['input_ids'].shape[1]} tokens: "
         f"{collator.stats['sdpo_targets']} SDPO targets, {probe.get('dpo_row', []).__len__()} DPO pairs")
     # the behaviour report scores each pair alone, through a collator of the same sizes (the training one's stats stay the run's)
-    watch = lambda: behaviour_snapshot(model, tok, ComposerDataCollator(tok, ccfg), states, pairs,
+    watch = lambda: behaviour_snapshot(scored, tok, ComposerDataCollator(tok, ccfg), states, pairs,
                                        max_new_tokens=sizes["eval_new_tokens"], chunk_size=cfg.loss.chunk_size)
     before = watch()
     say(f"[4/6] before training: {len(pairs)} DPO margin(s), greedy next action at {len(before['actions'])} error site(s) "
@@ -403,7 +424,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     args = TrainingArguments(output_dir=str(run/"checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=1, learning_rate=cfg.lr,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=not _cuda(), seed=cfg.seed,
                              disable_tqdm=True, lr_scheduler_type="constant")
-    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=_with_reference(collator, examples, model, cfg.loss),
+    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=_with_reference(collator, examples, scored, cfg.loss),
                                      loss_config=cfg.loss)
     trainer.remove_callback(PrinterCallback)  # no dict per step on stdout; a bar with the channels instead
     if progress: trainer.add_callback(channel_progress(cfg.steps))
@@ -413,7 +434,11 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
                for l in trainer.state.log_history if "composer/total" in l]
     t1 = time.perf_counter()
     write_jsonl(run/"metrics.jsonl", metrics)
-    trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))
+    trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))   # with --lora: the adapters (load_student reads them onto their base)
+    if cfg.lora is not None and cfg.model == "tiny" and cfg.seed:   # no name for this tiny base: saved beside the adapters
+        from composer_replication.recipe import TINY_BASE
+        from composer_replication.tiny import tiny_causal_lm
+        tiny_causal_lm(seed=cfg.seed).save_pretrained(str(run/"model"/TINY_BASE)); tok.save_pretrained(str(run/"model"/TINY_BASE))
     if (run/"checkpoints").is_dir() and not any((run/"checkpoints").iterdir()): (run/"checkpoints").rmdir()
     _plot(metrics, list(results), states, run/"plots.png")
     t_write = time.perf_counter() - t1
@@ -429,7 +454,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     summary = {"run": str(run), "session": str(session), "states": len(states), "teacher_calls": len(results),
                "failed_calls": failed_calls, "spent_usd": results.spent_usd, "pairs": len(pairs), "steps": cfg.steps,
                "first": {k: first.get(k) for k in chans}, "last": {k: last.get(k) for k in chans},
-               "seconds": round(total, 1), "train_seconds": round(t_train, 1),
+               "seconds": round(round(total, 2), 1), "train_seconds": round(round(t_train, 2), 1),   # from the recorded timings (no double-rounding mismatch)
                "timings": {"ingest_s": round(t_ingest, 2), "imports_s": round(t_imports, 2), "load_s": round(t_load, 2), "replay_s": round(t_replay, 2),
                            "collate_s": round(t_collate, 2), "eval_before_s": round(before["seconds"], 2), "train_s": round(t_train, 2),
                            "eval_after_s": round(after["seconds"], 2), "write_s": round(t_write, 2), "total_s": round(total, 2)},

@@ -279,7 +279,7 @@ def stage_tune(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float) -
              "dev_margin_recorded": summ["margin_recorded"]["mean"], "train_s": log["train_s"], "median_step_s": log["median_step_s"],
              "windows": log["windows"], "channel_rows": log["channel_rows"], "collator": log["collator"],
              "last_loss": {c: v[-1] for c, v in log["loss"].items() if v}, "records": recs}
-        tuning.append(t); _save(path, res, t0)
+        t["commit"] = _commit(); tuning.append(t); _save(path, res, t0)
         _log(out, f"tune {name} {params} seed {seed}: dev margin_repeat {t['dev_margin_repeat']:+.4f} ({log['train_s']:.0f} s training)")
         return t
     if "base_dev" not in gates:
@@ -323,7 +323,7 @@ def stage_final(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float, 
             else: set_determinism(seed, s.device); (model, tok), log = load(s), None
             recs, summ = evaluate(model, tok, data, "heldout", s, greedy=True); del model
             c["seeds"].append(seed); c["records"][str(seed)] = recs
-            c["runs"][str(seed)] = {"eval": summ, "train": log}
+            c["runs"][str(seed)] = {"eval": summ, "train": log, "commit": _commit()}   # a resumed run: which commit ran each unit
             _save(path, res, t0)
             say(f"{name} seed {seed}: held-out margin_repeat {summ['margin_repeat']['mean']:+.4f}, "
                 f"greedy recovery {summ['recovery_accuracy']['k']}/{summ['recovery_accuracy']['n']}")

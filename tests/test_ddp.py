@@ -130,3 +130,23 @@ def test_cli_train_torchrun_module_rank0_outputs(tmp_path):
     assert wa.keys() == wb.keys() and wa
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= TOL
     assert any(float(wa[k].abs().max()) > 0 for k in wa if "lora_B" in k)   # the adapters trained (B starts at 0)
+
+
+@pytest.mark.parametrize("chunk", [None, 64])
+def test_loss_path_under_fsdp2_on_cpu(tmp_path, chunk):
+    """torch's FSDP2 (fully_shard: each decoder layer, then the root) on 2 CPU processes: the loss run as the root's forward sees the
+    gathered LM head (chunked too); channels and weights equal one process's (tests/fsdp_worker.py; accelerate itself does not shard on CPUs)."""
+    extra = [] if chunk is None else ["--chunk", str(chunk)]
+    one_out, ddp_out = tmp_path/"one.json", tmp_path/"fsdp.json"
+    for cmd, out in (([sys.executable], one_out),
+                     ([str(BIN/"torchrun"), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_port())], ddp_out)):
+        p = subprocess.run([*cmd, str(WORKER.with_name("fsdp_worker.py")), "--out", str(out), *extra], env=_env(), capture_output=True,
+                           text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-3000:]
+    one, sh = json.loads(one_out.read_text()), json.loads(ddp_out.read_text())
+    assert (one["world"], sh["world"], sh["sharded"]) == (1, 2, True)   # the parameters really were sharded (DTensors)
+    for a, b in zip(one["logs"], sh["logs"], strict=True):
+        for x, y in zip(a, b): assert abs(x - y) <= TOL * max(1.0, abs(x)), (a, b)
+    assert all(v != 0 for v in one["logs"][0])   # all three channels active
+    worst = max(abs(u - v) for n in one["weights"] for u, v in zip(one["weights"][n], sh["weights"][n], strict=True))
+    assert worst <= TOL, worst

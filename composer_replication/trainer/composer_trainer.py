@@ -79,8 +79,8 @@ def adapter_free_ref_logprobs(model:torch.nn.Module, # a peft model (`is_adapter
     finally: model.train(was)
 
 def _inside_forward(wrapper, module, fn):
-    "`fn()` run as `wrapper`'s forward pass (DDP arms its gradient hooks, FSDP gathers the root's parameters); `fn()` alone when nothing wraps `module`."
-    if wrapper is module: return fn()
+    "`fn()` run as `wrapper`'s forward pass (DDP arms its gradient hooks, FSDP gathers the root's parameters); `fn()` alone when nothing wraps or hooks `module`."
+    if wrapper is module and not (module._forward_pre_hooks or module._forward_hooks): return fn()   # FSDP2 shards in place: its hooks are on the module
     own = module.__dict__.get("forward")   # accelerate may have put a wrapped forward (autocast) on the instance
     def restore():
         if own is None: module.__dict__.pop("forward", None)

@@ -149,6 +149,20 @@ class _ChannelMixin:
         if self.beta_replay != 0 and isinstance(ch, torch.Tensor): n[2] = float(ch.shape[0])
         return n
 
+    def _stand_ins(self, batch:Mapping, needed:torch.Tensor) -> dict:
+        "`batch` with zero-weight stand-ins for the channels `needed` (global counts > 0) that it lacks: under FSDP every process must run the same forwards."
+        b, ids = dict(batch), batch["input_ids"]
+        have = self._batch_counts(batch)
+        if needed[1] > 0 and have[1] == 0 and self.alpha_sdpo != 0:   # the teacher's forward, on the student's own row, no target
+            b.update(ctx_teacher_input_ids=ids, sdpo_loss_mask=torch.zeros_like(ids)); b.pop("sdpo_student_mask", None)
+            if batch.get("attention_mask") is not None: b["ctx_teacher_attention_mask"] = batch["attention_mask"]
+            else: b.pop("ctx_teacher_attention_mask", None)
+        if needed[2] > 0 and have[2] == 0 and self.beta_replay != 0:  # a pair of the first row with empty responses (and its reference)
+            for side in ("chosen", "rejected"):
+                b[f"dpo_{side}_input_ids"], b[f"dpo_{side}_response_mask"] = ids[:1], torch.zeros_like(ids[:1])
+                for k in (f"dpo_{side}_attention_mask", f"dpo_{side}_ref_logprobs"): b.pop(k, None)
+        return b
+
     def _global_share(self, local:torch.Tensor, total:torch.Tensor) -> torch.Tensor:
         "(3,) this process's share of each channel's global count, times the number of processes (DDP averages the gradients)."
         return torch.where(total > 0, local / total.clamp_min(1), torch.zeros_like(local)) * self._world
@@ -339,7 +353,8 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         super().__init__(model, args, *more, **kwargs)
         self.model_accepts_loss_kwargs = False  # the channels are normalised here, by the counts of the whole step (`get_batch_samples`)
         self.loss_is_scaled_for_ga = True       # ... so Trainer must not divide by the accumulation steps again
-        self._window, self._window_steps = None, 0
+        self._window, self._window_steps, self._micro, self._micro_counts = None, 0, 0, None
+        self._same_forwards = bool(getattr(self, "is_fsdp_enabled", False))   # FSDP: stand-ins where another process runs a channel
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
         self.add_callback(_TAIDCallback(self))
         self._init_diloco(dl, "ComposerOfflineTrainer")
@@ -347,13 +362,15 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         "The step's micro-batches, and each channel's count over all of them on every process (the normaliser, like `num_items_in_batch`)."
         batches, n_items = super().get_batch_samples(epoch_iterator, num_batches, device)
-        local = sum((self._batch_counts(b) for b in batches), torch.zeros(3, dtype=torch.float64))
-        self._window, self._window_steps, self._last_sdpo = self._global_sum(local), len(batches), None
+        per = self._global_sum(torch.stack([self._batch_counts(b) for b in batches])) if batches else torch.zeros(0, 3, dtype=torch.float64)
+        self._micro_counts, self._window, self._window_steps, self._micro, self._last_sdpo = per, per.sum(0), len(batches), 0, None
         return batches, n_items
 
     def _components(self, model, inputs):
         "`compose_loss` (reference log-probs first, where missing) on the unwrapped model, run as the wrapper's forward pass."
         inner = self.accelerator.unwrap_model(model)
+        if self._same_forwards and model.training and self._micro_counts is not None and self._micro < len(self._micro_counts):
+            inputs = self._stand_ins(inputs, self._micro_counts[self._micro])   # what any process runs in this micro-batch, this one runs
         def loss():
             c = compose_loss(loss_view(inner), self._with_ref_logprobs(inputs, inner), self._step_config())
             return c.lm_ce, c.sdpo_jsd, c.trace_replay_dpo
@@ -361,8 +378,9 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         "`compose_loss` on the batch, each channel's mean weighted by this batch's share of the step's global count; records each channel."
-        lm, sdpo, replay = self._components(model, inputs)
+        lm, sdpo, replay = self._components(model, inputs)   # (stand-ins, under FSDP, add forwards but no weight: shares use `inputs`)
         if model.training:
+            self._micro += 1
             if self._window is not None:   # the step's counts over every micro-batch and process (`get_batch_samples`)
                 share = self._global_share(self._batch_counts(inputs), self._window)
             else:                           # called outside the training loop: this batch's own means
@@ -433,6 +451,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         self.trace_collator, self.trace_batch_size = data_collator, trace_batch_size
         self.trace_dataset = list(_windowed(list(trace_dataset), data_collator)) if trace_dataset is not None else None
         self._trace_iter = None
+        self._same_forwards = bool(getattr(self, "is_fsdp_enabled", False))   # FSDP: stand-ins where another process runs a channel
         self.add_callback(_TAIDCallback(self))
         self._init_diloco(dl, where)
 
@@ -469,7 +488,9 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         if not model.training: return super()._compute_loss(model, inputs)
         batch = self._next_trace_batch()
         if batch is None: return super()._compute_loss(model, inputs)
-        share = self._global_share(self._batch_counts(batch), self._global_sum(self._batch_counts(batch)))   # one collective per micro-batch
+        counts = self._global_sum(self._batch_counts(batch))   # one collective per micro-batch
+        share = self._global_share(self._batch_counts(batch), counts)
+        if self._same_forwards: batch = self._stand_ins(batch, counts)   # FSDP: the channels another process runs, this one runs too
         inner = self.accelerator.unwrap_model(model)
         def loss():   # one forward pass of the wrapper for GRPO and both trace channels
             return (super(ComposerReplicationTrainer, self)._compute_loss(inner, inputs),

@@ -438,7 +438,10 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     if cfg.lora is not None and cfg.model == "tiny" and cfg.seed:   # no name for this tiny base: saved beside the adapters
         from composer_replication.recipe import TINY_BASE
         from composer_replication.tiny import tiny_causal_lm
-        tiny_causal_lm(seed=cfg.seed).save_pretrained(str(run/"model"/TINY_BASE)); tok.save_pretrained(str(run/"model"/TINY_BASE))
+        bar = hf_logging.is_progress_bar_enabled(); hf_logging.disable_progress_bar()   # no "Writing model shards" bar for a 1 MB model
+        try: tiny_causal_lm(seed=cfg.seed).save_pretrained(str(run/"model"/TINY_BASE)); tok.save_pretrained(str(run/"model"/TINY_BASE))
+        finally:
+            if bar: hf_logging.enable_progress_bar()
     if (run/"checkpoints").is_dir() and not any((run/"checkpoints").iterdir()): (run/"checkpoints").rmdir()
     _plot(metrics, list(results), states, run/"plots.png")
     t_write = time.perf_counter() - t1

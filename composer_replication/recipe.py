@@ -505,7 +505,8 @@ def load_recipe_model(recipe:Recipe) -> tuple[Any, Any]:
 def _adapters_trained(model) -> dict:
     "What trains in a peft model (the `train_top_layers` summary)."
     cfg = model.peft_config["default"]
-    tm = sorted(cfg.target_modules) if isinstance(cfg.target_modules, (set, frozenset)) else cfg.target_modules
+    tm = cfg.target_modules
+    tm = sorted({str(m).rsplit(".", 1)[-1] for m in tm}) if isinstance(tm, (set, frozenset, list, tuple)) else tm   # the projections' names, once
     return {"layers": f"LoRA adapters (r={cfg.r}, alpha={cfg.lora_alpha:g}) on {tm}",
             "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": sum(p.numel() for p in model.parameters())}
 
@@ -653,8 +654,12 @@ def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
         write_jsonl(out/"metrics.jsonl", metrics)
         tok.save_pretrained(str(out/"model"))
         if recipe.lora is not None and recipe.model == "tiny" and recipe.seed != 0:   # the adapters' base (TINY_BASE), beside them
+            from transformers.utils import logging as hf_logging
             from composer_replication.tiny import tiny_causal_lm
-            tiny_causal_lm(seed=recipe.seed).save_pretrained(str(out/"model"/TINY_BASE)); tok.save_pretrained(str(out/"model"/TINY_BASE))
+            bar = hf_logging.is_progress_bar_enabled(); hf_logging.disable_progress_bar()   # no "Writing model shards" bar for a 1 MB model
+            try: tiny_causal_lm(seed=recipe.seed).save_pretrained(str(out/"model"/TINY_BASE)); tok.save_pretrained(str(out/"model"/TINY_BASE))
+            finally:
+                if bar: hf_logging.enable_progress_bar()
     chans = CHANNELS[recipe.mode]
     first, lastm = (metrics[0], metrics[-1]) if metrics else ({}, {})
     summary = {"output_dir": str(out), "mode": recipe.mode, "model": recipe.model, "steps": trainer.state.global_step,

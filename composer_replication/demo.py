@@ -434,7 +434,9 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
                for l in trainer.state.log_history if "composer/total" in l]
     t1 = time.perf_counter()
     write_jsonl(run/"metrics.jsonl", metrics)
-    trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))   # with --lora: the adapters (load_student reads them onto their base)
+    with warnings.catch_warnings():   # peft looks for the base's config.json under its name to see if the vocabulary grew: it did not
+        warnings.filterwarnings("ignore", message="Could not find a config file")
+        trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))   # with --lora: the adapters (load_student reads them onto their base)
     if cfg.lora is not None and cfg.model == "tiny" and cfg.seed:   # no name for this tiny base: saved beside the adapters
         from composer_replication.recipe import TINY_BASE
         from composer_replication.tiny import tiny_causal_lm

@@ -649,7 +649,10 @@ def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
     trainer.train(resume_from_checkpoint=last)
     secs = time.perf_counter() - t0
     metrics = run_metrics(trainer.state.log_history)
-    trainer.save_model(str(out/"model"))                  # every process calls it (FSDP gathers the weights); rank 0 writes
+    import warnings
+    with warnings.catch_warnings():   # peft looks for the base's config.json under its name to see if the vocabulary grew: it did not
+        warnings.filterwarnings("ignore", message="Could not find a config file")
+        trainer.save_model(str(out/"model"))              # every process calls it (FSDP gathers the weights); rank 0 writes
     if main:
         write_jsonl(out/"metrics.jsonl", metrics)
         tok.save_pretrained(str(out/"model"))

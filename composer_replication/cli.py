@@ -81,7 +81,7 @@ def _cmd_info(args) -> int:
     return 0
 
 def _cmd_ingest(args) -> int:
-    from composer_replication.ingestion.claude_code import ingest_command
+    from composer_replication.ingestion.core import ingest_command
     if not args.src.strip(): return _fail("SRC must be a session .jsonl file or a folder, got an empty path")
     if not args.out.strip(): return _fail("--out must be a file path, got an empty one")
     _stage("ingesting the sessions")

@@ -250,7 +250,7 @@ def scripted_policies(states:list[dict], # the trace being replayed
                      ) -> dict:
     "ModelPolicies for the local TeacherServer: two teachers give the corrected action, one a generic reply."
     from composer_replication.teacher_server import ModelPolicy
-    from composer_replication.ingestion.claude_code import action_to_message
+    from composer_replication.ingestion.core import action_to_message
     by_len = {len(s["messages"]): i for i, s in enumerate(states)}
     def policy(k):
         def reply(body):

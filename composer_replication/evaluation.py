@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .ingestion.claude_code import ClaudeCodeIngester, action_to_message
+from .ingestion.claude_code import ClaudeCodeIngester
+from .ingestion.core import action_to_message
 from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester

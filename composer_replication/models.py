@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Callable
 
-from .ingestion.claude_code import render_action
+from .ingestion.core import render_action
 
 # %% auto #0
 __all__ = ['STUDENTS', 'SMOLLM2_INSTALL', 'SMOLLM2_TEMPLATE_PATH', 'LORA_INSTALL', 'LORA_DEFAULTS', 'student_cache_dir',

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 from .hint_generator import classify_error
-from .ingestion.claude_code import render_action
+from .ingestion.core import render_action
 from .task_suite_repos import (
     CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SessionWriter, SyntheticRepo)
 from .task_suite_actions import action_matches
@@ -419,7 +419,7 @@ def suite_policies(states:Sequence[dict], # the ingested states being replayed
                    instruction:str|None=None, # the replay's instruction (None: teacher_replay.DEFAULT_INSTRUCTION)
                   ) -> dict:
     "ModelPolicies for the local TeacherServer: at each state all teachers but one answer the right action; one is noisy."
-    from composer_replication.ingestion.claude_code import action_to_message
+    from composer_replication.ingestion.core import action_to_message
     from composer_replication.teacher_replay import DEFAULT_INSTRUCTION, openai_messages
     from composer_replication.teacher_server import ModelPolicy, request_key
     if len(teachers) < 2: raise ValueError(f"teachers must hold at least 2 specs (all but one answer right), got {len(teachers)}")

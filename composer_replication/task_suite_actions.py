@@ -5,7 +5,7 @@
 # %% ../nbs/24b_task_suite_actions.ipynb #ec2181e5
 from __future__ import annotations
 import itertools, json, posixpath, shlex, textwrap
-from .ingestion.claude_code import parse_student_action
+from .ingestion.core import parse_student_action
 
 # %% auto #0
 __all__ = ['action_matches']

@@ -4,15 +4,15 @@
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #9649b0ca
 from __future__ import annotations
-import bisect, itertools, json, os, sys, tempfile
+import itertools, json, os, sys, tempfile
 from pathlib import Path
 from typing import Iterator
 import orjson
 from ..jsonl import JsonlAppender, loads_line
 from .core import (
-    canonical_arguments, SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, is_tool_name, make_ingester,
+    Conversation, canonical_arguments, ingest_command, SYSTEM_PROMPT, IngestionStats, TraceState, action_to_message, detect_trace_format, estimate_tokens, is_tool_name, make_ingester,
     normalize_blocks, parse_student_action, record_format, redact_json, redact_secrets, render_action, tool_schemas_from_names, TraceSourceBase)
-_all_ = ["SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
+_all_ = ["ingest_command", "SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # re-exported from ingestion.core: they were defined here before it
 
 # %% auto #0
@@ -22,7 +22,6 @@ __all__ = ['ClaudeCodeIngester', 'ingest_command', 'SYSTEM_PROMPT', 'IngestionSt
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #dda06b90
 _MIN_VERSION, _MAX_VERSION = (1, 0, 98), (2, 1, 39)
-_NO_RESULT = "[no tool result recorded]"
 
 def _version_tuple(v):
     try: return tuple(int(x) for x in v.split("-")[0].split("."))
@@ -51,26 +50,17 @@ def _content_text(c):
     if isinstance(c, list): return "\n".join(_block_text(b) for b in c)
     return "" if c is None else str(c)
 
-class _Trace:
-    "History and open turn of one conversation (a session, or one subagent transcript)."
+class _Trace(Conversation):
+    "A Claude Code conversation (a session, or one subagent transcript): turns split across lines, resume copies, results in user lines."
     def __init__(self, ing, st, stem, tools=None):
-        self.ing, self.st, self.stem, self.idx = ing, st, stem, 0
-        self.tools = tools  # the file's tool schemas (the same list on every state), or None
         self.closed, self.seen_users = set(), set()  # message ids emitted; (timestamp, content) of user records committed
         self.agent = None  # [sessionId, agentId] of a subagent transcript: where to look up its Task prompt
-        self._reset()
+        super().__init__(ing, st, stem, tools)
 
-    def _reset(self):
-        sys_msg = {"role": "system", "content": self.ing.system_prompt}
-        self.history, self.cum, self.first_user = [], [0], None
-        self._commit(sys_msg)
+    def reset(self):
+        super().reset()
         self.turn = None  # [message id, blocks, (timestamp, content) keys of its chunks]
         self.pending_results, self.pending_msgs = {}, []
-
-    def _commit(self, m):
-        self.history.append(m)
-        if self.ing.max_history_tokens is not None: self.cum.append(self.cum[-1] + self.ing._count(m))
-        if self.first_user is None and m["role"] == "user": self.first_user = len(self.history) - 1
 
     def user(self, rec):
         "A user line: tool results wait for their call; other content becomes a user message. 'dup' for a resume copy."
@@ -79,23 +69,21 @@ class _Trace:
         if isinstance(ts, str) and (key := _user_key(ts, c)) is not None:
             if key in self.seen_users: return "dup"
             self.seen_users.add(key)
-        red = self.ing.redact_secrets
         if isinstance(c, list):
             texts = []
             for b in c:
                 if isinstance(b, dict) and b.get("type") == "tool_result":
                     tid = b.get("tool_use_id")
                     if not isinstance(tid, str) or tid in self.pending_results or self.turn is None: self.st.n_orphan_tool_results += 1; continue
-                    txt = _content_text(b.get("content"))
-                    m = {"role": "tool", "tool_call_id": tid, "content": self.ing._redact(txt) if red else txt}
+                    m = {"role": "tool", "tool_call_id": tid, "content": self.redact(_content_text(b.get("content")))}
                     if b.get("is_error") is True: m["is_error"] = True
                     self.pending_results[tid] = m
                 else: texts.append(_block_text(b))
             if not texts: return
             c = "\n".join(texts)
         elif not isinstance(c, str): c = _content_text(c)
-        m = {"role": "user", "content": self.ing._redact(c) if red else c}
-        if self.turn is None: self._commit(m)
+        m = {"role": "user", "content": self.redact(c)}
+        if self.turn is None: self.commit(m)
         else: self.pending_msgs.append(m)
 
     def assistant(self, rec, msg):
@@ -132,66 +120,23 @@ class _Trace:
         if blocks and self.first_user is None and self.agent is not None:  # a subagent transcript without its prompt (2.0.x)
             prompt = self.ing._task_prompt(*self.agent)
             if prompt is not None:
-                self._commit({"role": "user", "content": self.ing._redact(prompt) if self.ing.redact_secrets else prompt})
+                self.commit({"role": "user", "content": self.redact(prompt)})
                 self.st.n_task_prompts_linked += 1
         if blocks and self.first_user is None:  # no user turn to answer: not a state (the turn stays in the history)
             self.st.skipped_no_user_turn += 1
-            self._commit(self._assistant_message(blocks))
-            for b in blocks:
-                if b["type"] == "tool_use": self._commit(results.pop(b["id"], None) or {"role": "tool", "tool_call_id": b["id"], "content": _NO_RESULT, "is_error": True})
-            blocks = []
-        if blocks:
-            st = self.st
-            state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks),
-                               action=normalize_blocks(blocks))
-            if self.tools: state["tools"] = self.tools
-            self.idx += 1
-            st.n_assistant_turns += 1
-            for b in blocks:
-                t = b["type"]
-                if t == "text": st.n_text_blocks += 1
-                elif t == "thinking": st.n_thinking_blocks += 1
-                else: st.n_tool_use_blocks += 1
-            self._commit(self._assistant_message(blocks))
-            for b in blocks:
-                if b["type"] != "tool_use": continue
-                r = results.pop(b["id"], None)
-                if r is None:
-                    st.n_missing_tool_results += 1
-                    r = {"role": "tool", "tool_call_id": b["id"], "content": _NO_RESULT, "is_error": True}
-                else:
-                    st.n_tool_results += 1
-                    if r.get("is_error"): st.n_tool_errors += 1
-                self._commit(r)
+            self.commit_turn(blocks, results, count=False)
+        elif blocks:
+            state = self.state(blocks)
+            self.commit_turn(blocks, results)
         self.st.n_orphan_tool_results += len(results)
-        for m in msgs: self._commit(m)
+        for m in msgs: self.commit(m)
         return state
 
     def compact(self):
         "A compact_boundary: close the open turn, then start a fresh context (the summary line comes next)."
         out = self.close()
-        self._reset(); self.st.n_compactions += 1
+        self.reset(); self.st.n_compactions += 1
         return out
-
-    def _assistant_message(self, blocks):
-        keep = ("text",) if self.ing.strip_thinking else ("text", "thinking")
-        m = {"role": "assistant", "content": render_action([b for b in blocks if b["type"] in keep])}
-        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": canonical_arguments(b.get("input", {}))}}
-                 for b in blocks if b["type"] == "tool_use"]
-        if calls: m["tool_calls"] = calls
-        return m
-
-    def _fit(self):
-        "The history to hand out: all of it, or system + first user + the newest messages that fit the budget."
-        h, budget = self.history, self.ing.max_history_tokens
-        if budget is None or self.cum[-1] <= budget: return h[:]
-        keep = (self.first_user if self.first_user is not None else 0) + 1
-        head = self.cum[keep]
-        # smallest j >= keep with head + (cum[-1] - cum[j]) <= budget, moved forward past tool messages
-        j = bisect.bisect_left(self.cum, self.cum[-1] - (budget - head), lo=keep)
-        while j < len(h) and h[j]["role"] == "tool": j += 1
-        self.st.n_history_truncated += 1
-        return h[:keep] + h[j:]
 
 def _valid_block(b):
     t = b["type"]
@@ -249,7 +194,6 @@ class ClaudeCodeIngester(TraceSourceBase):
                 p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
         return p
 
-    def _redact(self, s): return redact_secrets(s, self.last_stats.redactions)
     def _redact_block(self, b):
         t, c = b.get("type"), self.last_stats.redactions
         if t == "text" and isinstance(b.get("text"), str): return {**b, "text": redact_secrets(b["text"], c)}
@@ -419,77 +363,3 @@ def _first_session_id(fp, max_lines=50):
             rec = loads_line(raw)[0]
             if isinstance(rec, dict) and isinstance(rec.get("sessionId"), str): return rec["sessionId"]
     return None
-
-# %% ../../nbs/10_ingestion.claude_code.ipynb #3a142b2e
-def _input_at(src, out):
-    "The input file that `out` is (the same file by any path: a symlink, another spelling, a hard link), or None."
-    o, sp = Path(out), Path(src)
-    try:
-        if not o.exists() or not sp.exists(): return None
-        if o.is_dir(): return None
-        if sp.is_file(): return str(src) if os.path.samefile(o, sp) else None
-        ro = o.resolve()
-        for f in sp.rglob("*.jsonl"):
-            if f.is_file() and (f.resolve() == ro or os.path.samefile(f, o)): return str(f)
-    except OSError: return None
-    return None
-
-def ingest_command(src:str, # a session .jsonl file or a folder of them
-                   out:str, # where to write the TraceStates, one JSON object per line
-                   *, skip_sidechain:bool=True, # skip subagent transcripts
-                   redact:bool=True, # replace secrets by [REDACTED:<kind>]
-                   progress:bool=True, # show a tqdm progress bar on stderr
-                   source:str="claude-code", # the trace source: "auto" (detected from the file), "claude-code" or "codex"
-                  ) -> int: # exit status: 0 ok, 2 bad input
-    "CLI body: ingest `src` and write its TraceStates to `out` as JSONL; print a stats summary."
-    from tqdm import tqdm
-    def fail(msg): print(f"error: {msg}", file=sys.stderr); return 2
-    if (hit := _input_at(src, out)) is not None:  # before anything is read or written
-        return fail(f"--out {str(out)!r} is the input {hit!r}: refusing to overwrite a session log; choose another --out")
-    try: ing = make_ingester(source, path=src, fallback="claude-code", skip_sidechain=skip_sidechain, redact_secrets=redact)
-    except (FileNotFoundError, ValueError, TypeError) as e: return fail(str(e))
-    try: states = ing.ingest(Path(src))
-    except (FileNotFoundError, ValueError) as e: return fail(str(e))
-    outp = Path(out)
-    if outp.is_dir(): return fail(f"cannot write --out {str(out)!r}: it is a folder")
-    try: fd, tmp = tempfile.mkstemp(dir=outp.parent, prefix=f".{outp.name}.", suffix=".tmp")  # `out` appears only when complete
-    except OSError as e: return fail(f"cannot write --out {str(out)!r}: {e.strerror}")
-    os.close(fd); tmp = Path(tmp)
-    def drop(): tmp.unlink(missing_ok=True)
-    try:
-        with JsonlAppender(tmp) as w, tqdm(states, desc="ingest", unit=" states", disable=not progress, file=sys.stderr, leave=False) as bar:
-            for s in bar: w.write(s)
-    except OSError as e: drop(); return fail(f"while reading {str(src)!r}: {e.strerror or e}")
-    except BaseException: drop(); raise
-    st = ing.last_stats
-    unreadable = st.n_bad_json_lines + st.skipped_truncated_lines + st.skipped_record_types.get("<not an object>", 0)
-    if st.n_states_emitted == 0 and st.n_files == 0 and (st.skipped_codex_files or st.skipped_subagent_files):
-        drop()
-        if st.skipped_codex_files and not st.skipped_subagent_files:
-            return fail(f"{str(src)!r} is a Codex CLI rollout, not Claude Code session JSONL ({st.skipped_codex_files} file(s)): "
-                        "read it with composer_replication.ingestion.codex.CodexIngester")
-        return fail(f"{str(src)!r} holds only subagent transcripts ({st.skipped_subagent_files} agent-*.jsonl file(s)"
-                    + (f", {st.skipped_codex_files} Codex CLI rollout(s)" if st.skipped_codex_files else "")
-                    + "), which are skipped by default: ingest them with skip_sidechain=False (--subagents)")
-    if st.n_states_emitted == 0 and st.n_records_total and st.skipped_subagent == st.n_records_total:
-        drop()
-        return fail(f"{str(src)!r} holds only subagent (isSidechain) records, which are skipped by default: "
-                    "ingest them with skip_sidechain=False (--subagents)")
-    if st.n_records_total == 0 or unreadable == st.n_records_total:
-        drop()
-        kind = source if source != "auto" else detect_trace_format(src)
-        what = "Claude Code session JSONL" if kind in ("claude-code", "unknown") else f"a readable {kind} trace"
-        return fail(f"{str(src)!r} is not {what}: no line is a JSON object")
-    try: os.replace(tmp, outp)
-    except OSError as e: drop(); return fail(f"cannot write --out {str(out)!r}: {e.strerror}")
-    print(f"wrote {st.n_states_emitted} states ({st.n_tool_use_blocks} tool calls) from {st.n_files} file(s) to {out}")
-    print(f"records: {st.n_records_total} read, {st.n_records_used} used, {st.n_records_skipped} skipped "
-          f"(subagent {st.skipped_subagent}, summary {st.skipped_summary}, truncated {st.skipped_truncated_lines}, "
-          f"bad JSON {st.n_bad_json_lines}, synthetic {st.skipped_synthetic}, by type {st.skipped_record_types})")
-    if st.skipped_no_user_turn or st.n_task_prompts_linked:
-        print(f"turns without a user message before them, not emitted: {st.skipped_no_user_turn}; subagent prompts taken from the parent: {st.n_task_prompts_linked}")
-    if st.skipped_codex_files: print(f"Codex CLI rollouts not read: {st.skipped_codex_files} (use composer_replication.ingestion.codex.CodexIngester)")
-    if st.skipped_subagent_files: print(f"subagent files not read: {st.skipped_subagent_files} (use skip_sidechain=False to ingest them)")
-    print(f"redactions: {sum(st.redactions.values())} {st.redactions}" if redact else "redactions: off")
-    for w in st.version_warnings: print(f"warning: {w}")
-    return 0

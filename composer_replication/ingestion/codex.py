@@ -4,13 +4,13 @@
 
 # %% ../../nbs/11_ingestion.codex.ipynb #a6dd8c40
 from __future__ import annotations
-import bisect, json, re
+import json, re
 from pathlib import Path
 from typing import Iterator
 import orjson
 from ..jsonl import loads_line
 from .core import (
-    canonical_arguments, SYSTEM_PROMPT, IngestionStats, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action,
+    NO_RESULT, Conversation, canonical_arguments, SYSTEM_PROMPT, IngestionStats, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action,
     tool_schemas_from_names, TraceSourceBase)
 
 # %% auto #0
@@ -68,7 +68,6 @@ def is_injected_context(text:str, # the text of a role=user message
     return text.lstrip().startswith(_CONTEXT_HEADS)
 
 # %% ../../nbs/11_ingestion.codex.ipynb #87a83d96
-_NO_RESULT = "[no tool result recorded]"
 _WEB_SEARCH_RESULT = "[web search ran on the server; its results are not recorded in the rollout]"
 _ENVELOPE = frozenset({"session_meta", "response_item", "compacted", "turn_context", "event_msg"})
 _ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "function_call_output", "custom_tool_call",
@@ -85,26 +84,20 @@ def _version_tuple(v):
     return tuple(int(x) for x in m.groups()) if m else None
 
 
-class _Rollout:
-    "History, open turn and pending inputs of one rollout file."
+class _Rollout(Conversation):
+    "A Codex CLI rollout: responses that end when an input follows them, tool outputs by call id, prompts recorded twice."
     def __init__(self, ing, st, stem, tools=None):
-        self.ing, self.st, self.stem, self.idx = ing, st, stem, 0
-        self.tools = tools  # the rollout's tool schemas (the same list on every state), or None
         self.unmatched = {"item": {}, "event": {}}  # prompt text -> prompts seen on one side (response_item / event_msg) only
         self.n_synth = 0  # synthetic call ids handed out
         self.exit_codes = {}  # call_id -> exit code from exec_command_end / patch_apply_end events
-        self._reset()
+        super().__init__(ing, st, stem, tools)
 
-    def _reset(self):
-        self.history, self.cum, self.first_user = [], [0], None
-        self._commit({"role": "system", "content": self.ing.system_prompt})
+    def reset(self):
+        super().reset()
         self.turn, self.answered = None, False  # the open response's blocks; whether an input arrived after it
         self.results, self.msgs = {}, []
 
-    def _commit(self, m, prompt=False):
-        self.history.append(m)
-        if self.ing.max_history_tokens is not None: self.cum.append(self.cum[-1] + self.ing._count(m))
-        if prompt and self.first_user is None: self.first_user = len(self.history) - 1
+    def commit(self, m, prompt=False): super().commit(m, prompt)   # only a real prompt is the task (not injected context)
 
     def respond(self, blocks):
         "Blocks of a model response: join the open response, or close it (if answered) and open a new one."
@@ -116,7 +109,7 @@ class _Rollout:
 
     def message(self, m, prompt=False):
         "An input message (user prompt, injected context, developer message)."
-        if self.turn is None: self._commit(m, prompt); return
+        if self.turn is None: self.commit(m, prompt); return
         self.msgs.append((m, prompt)); self.answered = True
 
     def prompt(self, text, side):
@@ -140,79 +133,44 @@ class _Rollout:
     def close(self):
         "Close the open response: return its TraceState (or None) and commit it, its tool results and pending inputs."
         if self.turn is None: return None
-        blocks, results, msgs, st = self.turn, self.results, self.msgs, self.st
+        blocks, raw, msgs, st = self.turn, self.results, self.msgs, self.st
         self.turn, self.answered, self.results, self.msgs = None, False, {}, []
         state = None
         if self.first_user is None: st.skipped_no_user_turn += 1  # nothing the user asked: kept as history only
-        else:
-            state = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self._fit(), student_action=render_action(blocks),
-                               action=normalize_blocks(blocks))
-            if self.tools: state["tools"] = self.tools
-            self.idx += 1; st.n_assistant_turns += 1
-            for b in blocks:
-                if b["type"] == "text": st.n_text_blocks += 1
-                elif b["type"] == "thinking": st.n_thinking_blocks += 1
-                else: st.n_tool_use_blocks += 1
-        self._commit(self._assistant_message(blocks))
-        for b in blocks:
-            if b["type"] == "tool_use": self._commit(self._tool_message(b, results.pop(b["id"], None), state is not None))
-        st.n_orphan_tool_results += len(results)
-        for m, prompt in msgs: self._commit(m, prompt)
+        else: state = self.state(blocks)
+        results = {b["id"]: self._tool_message(b, raw.pop(b["id"], None)) for b in blocks if b["type"] == "tool_use" and (b["id"] in raw or b["kind"] == "web_search")}
+        self.commit_turn(blocks, results, count=state is not None)
+        st.n_orphan_tool_results += len(raw)
+        for m, prompt in msgs: self.commit(m, prompt)
         return state
 
-    def _tool_message(self, b, raw, count):
-        st = self.st
-        if b["kind"] == "web_search":
-            if count: st.n_tool_results += 1
-            return {"role": "tool", "tool_call_id": b["id"], "content": _WEB_SEARCH_RESULT}
-        if raw is None:
-            if count: st.n_missing_tool_results += 1
-            return {"role": "tool", "tool_call_id": b["id"], "content": _NO_RESULT, "is_error": True}
+    def _tool_message(self, b, raw):
+        "The tool message of call `b` from its raw output (a web search has none: its results stay on the server)."
+        if b["kind"] == "web_search": return {"role": "tool", "tool_call_id": b["id"], "content": _WEB_SEARCH_RESULT}
         text, code, failed = parse_tool_output(raw)
         if code is None and not failed and b["id"] in self.exit_codes: failed = self.exit_codes[b["id"]] != 0
-        m = {"role": "tool", "tool_call_id": b["id"], "content": self.ing._redact(text) if self.ing.redact_secrets else text}
+        m = {"role": "tool", "tool_call_id": b["id"], "content": self.redact(text)}
         if failed: m["is_error"] = True
-        if count:
-            st.n_tool_results += 1
-            if failed: st.n_tool_errors += 1
         return m
 
     def compact(self, payload):
         "A `compacted` line: close the open response, then restart from replacement_history (or the summary)."
         out = self.close()
-        self._reset(); self.st.n_compactions += 1
+        self.reset(); self.st.n_compactions += 1
         rep, msg = payload.get("replacement_history"), payload.get("message")
         if isinstance(rep, list):
             for item in rep:
                 m = _history_message(self.ing, item) if isinstance(item, dict) and item.get("type") == "message" else None
-                if m is not None: self._commit(m[0], m[1])
+                if m is not None: self.commit(m[0], m[1])
         elif isinstance(msg, str) and msg.strip():
-            self._commit({"role": "user", "content": self.ing._redact(msg) if self.ing.redact_secrets else msg}, True)
+            self.commit({"role": "user", "content": self.redact(msg)}, True)
         return out
-
-    def _assistant_message(self, blocks):
-        keep = ("text",) if self.ing.strip_thinking else ("text", "thinking")
-        m = {"role": "assistant", "content": render_action([b for b in blocks if b["type"] in keep])}
-        calls = [{"id": b["id"], "type": "function", "function": {"name": b["name"], "arguments": canonical_arguments(b["input"])}}
-                 for b in blocks if b["type"] == "tool_use"]
-        if calls: m["tool_calls"] = calls
-        return m
-
-    def _fit(self):
-        "The history to hand out: all of it, or everything up to the first prompt + the newest messages that fit."
-        h, budget = self.history, self.ing.max_history_tokens
-        if budget is None or self.cum[-1] <= budget: return h[:]
-        keep = (self.first_user if self.first_user is not None else 0) + 1
-        j = bisect.bisect_left(self.cum, self.cum[-1] - (budget - self.cum[keep]), lo=keep)
-        while j < len(h) and h[j]["role"] == "tool": j += 1
-        self.st.n_history_truncated += 1
-        return h[:keep] + h[j:]
 
 def _history_message(ing, p):
     "(OpenAI message, is a prompt) for a user/developer/system/assistant `message` item; None for another role."
     role, text = p.get("role"), _parts_text(p.get("content"))
     if role not in ("user", "developer", "system", "assistant"): return None
-    if ing.redact_secrets: text = ing._redact(text)
+    text = ing._redact(text)
     if role == "user": return {"role": "user", "content": text}, not is_injected_context(text)
     return {"role": "system" if role != "assistant" else "assistant", "content": text}, False
 
@@ -248,7 +206,6 @@ class CodexIngester(TraceSourceBase):
         for f in files: n[f.stem] = n.get(f.stem, 0) + 1
         for f in files: yield from self._file(f, st, f.stem if n[f.stem] == 1 else f.relative_to(p).with_suffix("").as_posix())
 
-    def _redact(self, s): return redact_secrets(s, self.last_stats.redactions)
 
     def _file(self, fp, st, stem):
         "Stream the states of one rollout file."

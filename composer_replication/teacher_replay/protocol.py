@@ -20,7 +20,7 @@ import orjson
 
 from ..ingestion.core import (as_blocks, check_tools, parse_student_action, redact_json, redact_secrets,
                                                  render_action)
-from ..ingestion.claude_code import TraceState
+from ..ingestion.core import TraceState
 _all_ = ["TraceState"]   # re-exported: one definition, in the ingestion module
 
 # %% auto #0

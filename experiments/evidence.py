@@ -65,6 +65,7 @@ class Settings:
     seeds: list = field(default_factory=lambda: [0, 1])
     max_new_tokens: int = 64     # greedy generation, ended at the first tool call (the longest right recovery call is ~60 tokens)
     eval_batch_size: int = 8
+    lora_r: int = 0              # > 0: train LoRA adapters of this rank (attention and MLP projections, alpha 2r) instead of the top layers
     quick: bool = False
 
 QUICK = dict(model="tiny", threads=1, n_train=3, n_dev=3, n_heldout=4, train_layers=0, max_seq_len=2048, max_dpo_seq_len=1536,
@@ -195,7 +196,11 @@ def train(name:str, seed:int, data:dict, s:Settings, p:dict, work:Path):
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
     set_determinism(seed, s.device)
     model, tok = load(s)
-    counts = freeze_to_top(model, s.train_layers)
+    if s.lora_r:   # adapters only (peft); channel 3's reference is the same model with its adapters off
+        from composer_replication.models import add_lora
+        model = add_lora(model, {"r": s.lora_r, "lora_alpha": 2 * s.lora_r}, base=s.model)
+        counts = {"trainable": sum(p.numel() for p in model.parameters() if p.requires_grad), "lora_r": s.lora_r}
+    else: counts = freeze_to_top(model, s.train_layers)
     k = knobs(name, p)
     coll = ComposerDataCollator(tok, CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
                                                     hint_generator=dispatch, max_seq_len=s.max_seq_len, max_dpo_seq_len=s.max_dpo_seq_len,
@@ -221,6 +226,7 @@ def train(name:str, seed:int, data:dict, s:Settings, p:dict, work:Path):
     log = {"train_s": train_s, "median_step_s": sorted(timer.times)[len(timer.times) // 2] if timer.times else None,
            "windows": len(tr.train_dataset), "channel_rows": used, "counts": counts, "knobs": k, "collator": dict(coll.stats),
            "loss": {c: [h.get(f"composer/{c}") for h in hist] for c in chans}}
+    if s.lora_r: model = model.merge_and_unload()   # evaluated as one plain model
     model.eval(); del tr
     return model, tok, log
 
@@ -414,12 +420,14 @@ def main(argv=None):
     ap.add_argument("--force", action="store_true", help="run the final stage even if gate 1 did not pass")
     ap.add_argument("--check-repro", metavar="CONFIG:SEED")
     ap.add_argument("--prereg", help=f"the pre-registration file (default {PREREG})")
+    ap.add_argument("--lora", type=int, metavar="R", help="train LoRA adapters of rank R (peft) instead of the top layers (use its own --out)")
     a = ap.parse_args(argv)
     s = Settings()
     for k, v in (QUICK if a.quick else GPU if a.gpu_sizes else {}).items(): setattr(s, k, v)
     s.quick = a.quick
     if a.model: s.model = a.model
     if a.device: s.device = a.device
+    if a.lora: s.lora_r = a.lora
     out = Path(a.out) if a.out else DEFAULT_OUT
     out.mkdir(parents=True, exist_ok=True)
     work = Path(a.work) if a.work else Path(tempfile.gettempdir())/f"evidence-work-{'quick' if a.quick else 'full'}"
@@ -428,7 +436,8 @@ def main(argv=None):
     if s.threads: torch.set_num_threads(s.threads)
     path = out/"evidence.json"
     res = _load(path)
-    if res and res.get("settings") != asdict(s): raise SystemExit(f"{path} was written with other settings; use another --out (or remove it)")
+    mine = {k: v for k, v in asdict(s).items() if k in res.get("settings", {}) or v != Settings.__dataclass_fields__[k].default}
+    if res and res.get("settings") != mine: raise SystemExit(f"{path} was written with other settings; use another --out (or remove it)")
     prereg = read_prereg(Path(a.prereg) if a.prereg else PREREG)
     if s.quick: prereg = {**prereg, "seeds": s.seeds}
     t0 = time.perf_counter(); res["wall_s_before"] = res.get("wall_s", 0.0)

@@ -307,8 +307,9 @@ def stage_tune(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float) -
     alpha = s.alpha_sdpo if s.alpha_sdpo is not None else best([trial("sft_sdpo", {"lr": lr, "alpha_sdpo": a, "beta_replay": 0.0}) for a in s.alpha_grid])["params"]["alpha_sdpo"]
     beta = s.beta_replay if s.beta_replay is not None else best([trial("sft_dpo", {"lr": lr, "alpha_sdpo": 0.0, "beta_replay": b}) for b in s.beta_grid])["params"]["beta_replay"]
     res["chosen"] = {"lr": lr, "alpha_sdpo": alpha, "beta_replay": beta, "by": "the highest dev margin_repeat of each grid (seed 0)"}
-    _stage_mark(res, "tune"); _save(path, res, t0)
-    _log(out, f"chosen on dev: lr {lr:g}, alpha {alpha:g}, beta {beta:g}")
+    if "tune" not in res.get("stages", {}):   # a rerun finds the stage done: its record (the commit that finished it) stays
+        _stage_mark(res, "tune"); _save(path, res, t0)
+        _log(out, f"chosen on dev: lr {lr:g}, alpha {alpha:g}, beta {beta:g}")
     return res["chosen"]
 
 def stage_final(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float, prereg:dict, force:bool=False):
@@ -350,7 +351,8 @@ def stage_final(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float, 
         [configs[n]["records"][k] for k in sorted(configs[n]["records"])],
         [configs[b]["records"][k] for k in sorted(configs[b]["records"])], key=prereg["metric"]).items() if k != "per_state"}
         for n in configs if n != b}
-    _stage_mark(res, "final"); _save(path, res, t0)
+    if "final" not in res.get("stages", {}): _stage_mark(res, "final")
+    _save(path, res, t0)
     say(f"pre-registered contrast {a} - {b} on held-out {prereg['metric']}: {d['mean_diff']:+.4f} {d['ci95']} over {d['n_states']} states")
     plot(res, out/"evidence.png")
 

@@ -77,23 +77,16 @@ GPU = dict(device="cuda", threads=0, n_train=48, n_dev=24, n_heldout=60, train_l
 
 # -- data -----------------------------------------------------------------------------------------------------
 def _calls_key(action:str) -> list:
-    "The tool calls of an action as comparable (name, parsed arguments) pairs."
+    "The tool calls of an action as comparable (name, canonical arguments) pairs (`trainer.windows._call_key`)."
     from composer_replication.ingestion.core import action_to_message
-    out = []
-    for c in action_to_message(action).get("tool_calls") or []:
-        try: args = json.loads(c["function"].get("arguments") or "{}")
-        except ValueError: args = c["function"].get("arguments")
-        out.append((c["function"]["name"], json.dumps(args, sort_keys=True)))
-    return out
+    from composer_replication.trainer.windows import _call_key
+    return [_call_key(c) for c in action_to_message(action).get("tool_calls") or []]
 
 def _traces(states):
-    "Consecutive states grouped into traces (each state's history a prefix of the next one's)."
-    groups, prev = [], None
-    for st in states:
-        m = st["messages"]
-        if prev is None or len(m) < len(prev) or m[:len(prev)] != prev: groups.append([])
-        groups[-1].append(st); prev = m
-    return groups
+    "The states grouped into traces as the collator groups them (`trace_examples_from_states`)."
+    from composer_replication.trainer.data_collator import trace_examples_from_states
+    by_id = {st["state_id"]: st for st in states}
+    return [[by_id[sid] for sid in ex["state_ids"]] for ex in trace_examples_from_states(states)]
 
 def corrected_states(states:list[dict], pairs:list[dict]) -> tuple[list[dict], list[dict], set, dict]:
     """The teachers' corrections of the recorded traces: (states, pairs, ids of states whose recorded action is kept as
@@ -314,7 +307,7 @@ def stage_tune(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float) -
 
 def stage_final(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float, prereg:dict, force:bool=False):
     "The pre-registered run on the held-out split: every (config, seed) it names, records saved as each one ends."
-    from composer_replication.evaluation import paired_difference
+    from composer_replication.evaluation import bootstrap_ci, paired_difference
     path = out/"evidence.json"
     if not res.get("gates", {}).get("positive_control", {}).get("passed") and not force:
         raise SystemExit("gate 1 did not pass (the positive control does not beat the untrained student on dev): the final "
@@ -340,7 +333,6 @@ def stage_final(s:Settings, data:dict, res:dict, out:Path, work:Path, t0:float, 
         for recs in runs:
             for r in recs: per_state.setdefault(r["state_id"], []).append(r)
         avg = lambda key: [sum(r[key] for r in v) / len(v) if all(r[key] is not None for r in v) else None for v in per_state.values()]
-        from composer_replication.evaluation import bootstrap_ci
         c["summary"] = {"margin_repeat": bootstrap_ci(avg("margin_repeat")), "margin_recorded": bootstrap_ci(avg("margin_recorded")),
                         "greedy_recovery": [sum(bool(r["greedy_right"]) for r in recs) / len(recs) for recs in runs]}
     a, b = prereg["contrast"]

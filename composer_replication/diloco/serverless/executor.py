@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
 # %% auto #0
-__all__ = ['STATUSES', 'FINAL_STATUSES', 'ReplicaHandle', 'ServerlessExecutor', 'resolve_entrypoint', 'LocalProcessExecutor']
+__all__ = ['STATUSES', 'FINAL_STATUSES', 'ReplicaHandle', 'ServerlessExecutor', 'resolve_entrypoint', 'entrypoint_path',
+           'wait_for_replicas', 'LocalProcessExecutor']
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #d76524b2
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")  # what `poll` returns
@@ -70,6 +71,22 @@ def _attr(mod, name:str, what:str) -> Callable[..., Any]:
     if not callable(f): raise ValueError(f"entrypoint {what!r}: module {mod.__name__!r} has no callable {name!r}")
     return f
 
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #3a1c5e21
+def entrypoint_path(entrypoint:str|Callable[..., Any], # a module path, 'module.function', 'module:function', or a module-level function
+                    where:str="a remote replica", # who will import it, for the error message ("a Modal container", ...)
+                   ) -> str:
+    "The name a remote interpreter imports the entry point by: a path passes through, a module-level function becomes 'module:qualname'."
+    if isinstance(entrypoint, str):
+        if not entrypoint.strip():
+            raise ValueError(f"entrypoint is a blank string: pass a module path, 'module.function' or 'module:function' that {where} can import")
+        return entrypoint
+    if callable(entrypoint):
+        mod, qn = getattr(entrypoint, "__module__", None), getattr(entrypoint, "__qualname__", "")
+        if mod in (None, "__main__") or "<" in qn or "." in qn:
+            raise ValueError(f"entrypoint {entrypoint!r} cannot be imported by {where}: pass a 'module.function' path of an installed module")
+        return f"{mod}:{qn}"
+    raise TypeError(f"entrypoint must be a module path, 'module.function' or a module-level function, got {entrypoint!r}")
+
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #03862e5c
 def _replica_main(rank:int, rank_env:str, entrypoint:Any, kwargs:dict, log_path:str, conn:Any, launch:str|None=None):
     "Body of one replica process (spawned): redirect output, set the rank, run the entry point, report."
@@ -98,6 +115,20 @@ def _replica_main(rank:int, rank_env:str, entrypoint:Any, kwargs:dict, log_path:
     finally:
         sys.stdout.flush(); sys.stderr.flush(); conn.close()
     sys.exit(code)
+
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #3a1c5e24
+def wait_for_replicas(pending:Callable[[], list], # refreshes every replica's state; returns those not final yet
+                      block:Callable[[list, float], Any], # waits up to the given seconds for the pending ones (may return early)
+                      timeout:float|None, # seconds in all; None waits until nothing is pending
+                      interval:float, # the longest single wait
+                     ) -> list: # what is still pending (empty unless the timeout ran out)
+    "The polling loop of every `collect`: refresh, and block briefly until nothing is pending or `timeout` seconds have passed."
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while (left_over := pending()):
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0: break
+        block(left_over, interval if left is None else min(interval, left))
+    return left_over
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #e09c3f5e
 class _Run:
@@ -252,13 +283,8 @@ class LocalProcessExecutor:
                ) -> list[dict[str, Any]]:
         "Wait for the replicas (at most `timeout` s) and return one dict per handle: rank, status, exit_code, error, result."
         runs = [self._run(h) for h in handles]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            pending = [r for r in runs if not self._refresh(r).done]
-            if not pending: break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0: break
-            mp.connection.wait([r.proc.sentinel for r in pending], timeout=0.5 if left is None else min(0.5, left))
+        wait_for_replicas(lambda: [r for r in runs if not self._refresh(r).done],
+                          lambda pending, s: mp.connection.wait([r.proc.sentinel for r in pending], timeout=s), timeout, 0.5)
         out = []
         for r in runs:
             d = {"rank": r.handle.rank, "status": r.status, "exit_code": r.exit_code, "error": r.error, "result": r.result}

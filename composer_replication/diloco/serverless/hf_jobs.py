@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from .executor import FINAL_STATUSES, ReplicaHandle, resolve_entrypoint
+from .executor import FINAL_STATUSES, ReplicaHandle, entrypoint_path, resolve_entrypoint, wait_for_replicas
 
 # %% auto #0
 __all__ = ['RESULT_MARKER', 'gpu_flavor', 'job_status', 'replica_command', 'run_replica', 'parse_result', 'HFJobsExecutor']
@@ -89,18 +89,6 @@ def _cli(argv:list[str]|None=None) -> int:
 if __name__ == "__main__" and "__file__" in globals(): raise SystemExit(_cli())  # what every job runs
 
 # %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #327e3012
-def _entrypoint_path(entrypoint:str|Callable[..., Any]) -> str:
-    "A string a remote interpreter can import: paths pass through, a module-level function becomes 'module:qualname'."
-    if isinstance(entrypoint, str):
-        if not entrypoint.strip(): raise TypeError("entrypoint must be a non-empty module path")
-        return entrypoint
-    if callable(entrypoint):
-        mod, qn = getattr(entrypoint, "__module__", None), getattr(entrypoint, "__qualname__", "")
-        if mod in (None, "__main__") or "<" in qn or "." in qn:
-            raise ValueError(f"entrypoint {entrypoint!r} cannot be imported by a remote job: pass a 'module.function' path of an installed module")
-        return f"{mod}:{qn}"
-    raise TypeError(f"entrypoint must be a module path, 'module.function' or a module-level function, got {entrypoint!r}")
-
 class HFJobsExecutor:
     "Run replicas as Hugging Face Jobs (one job per rank, rank in `$REPLICA_RANK`) through `huggingface_hub`'s jobs API."
     backend_name = "hf_jobs"
@@ -157,7 +145,7 @@ class HFJobsExecutor:
         rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
         if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
         flavor = gpu_flavor(gpu)
-        command = replica_command(_entrypoint_path(entrypoint), kwargs, python=self.python, install=self.install)
+        command = replica_command(entrypoint_path(entrypoint, "a remote job"), kwargs, python=self.python, install=self.install)
         uri = str(kwargs.get("rendezvous_uri", ""))
         secrets = dict(self.secrets)
         if uri.startswith("hf://") and "HF_TOKEN" not in secrets:  # replicas need write access to the hf:// rendezvous
@@ -215,16 +203,12 @@ class HFJobsExecutor:
                ) -> list[dict[str, Any]]:
         "Wait for the jobs (at most `timeout` s); one dict per handle: rank, status, exit_code (0 on success; the Hub reports no other codes), error, result (from the log), job_id."
         for h in handles: self._job_id(h)
-        deadline = None if timeout is None else time.monotonic() + timeout
         infos: dict[int, Any] = {}
-        while True:
+        def pending():
             for i, h in enumerate(handles):
                 if i not in infos or job_status(infos[i].status.stage) not in FINAL_STATUSES: infos[i] = self._info(h)
-            pending = [i for i in infos if job_status(infos[i].status.stage) not in FINAL_STATUSES]
-            if not pending: break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0: break
-            time.sleep(self.poll_interval_s if left is None else min(self.poll_interval_s, left))
+            return [i for i in infos if job_status(infos[i].status.stage) not in FINAL_STATUSES]
+        wait_for_replicas(pending, lambda _, s: time.sleep(s), timeout, self.poll_interval_s)
         out = []
         for i, h in enumerate(handles):
             info = infos[i]; status = job_status(info.status.stage); jid = self._job_id(h)

@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from .executor import FINAL_STATUSES, ReplicaHandle, resolve_entrypoint
+from .executor import FINAL_STATUSES, ReplicaHandle, entrypoint_path, resolve_entrypoint, wait_for_replicas
 
 # %% auto #0
 __all__ = ['modal_replica_main', 'define_replica_function', 'ModalExecutor']
@@ -41,16 +41,6 @@ def define_replica_function(app:Any, # a `modal.App`
     return app.function(image=image, name=name, timeout=timeout, serialized=True, **function_kwargs)(modal_replica_main)
 
 # %% ../../../nbs/36_diloco.serverless.modal.ipynb #8aa8bc4c
-def _entrypoint_path(entrypoint:str|Callable[..., Any]) -> str:
-    "A string the remote interpreter can import: paths pass through, a module-level function becomes 'module:qualname'."
-    if isinstance(entrypoint, str) and entrypoint.strip(): return entrypoint
-    if callable(entrypoint):
-        mod, qn = getattr(entrypoint, "__module__", None), getattr(entrypoint, "__qualname__", "")
-        if mod in (None, "__main__") or "<" in qn or "." in qn:
-            raise ValueError(f"entrypoint {entrypoint!r} cannot be imported by a Modal container: pass a 'module.function' path of an installed module")
-        return f"{mod}:{qn}"
-    raise TypeError(f"entrypoint must be a module path, 'module.function' or a module-level function, got {entrypoint!r}")
-
 class ModalExecutor:
     "Run replicas as Modal function calls (one `spawn` per rank, rank in `$REPLICA_RANK`): `FunctionCall.get` to watch, `.cancel` to stop, `.logs` to read."
     backend_name = "modal"
@@ -92,7 +82,7 @@ class ModalExecutor:
         kwargs = dict(entrypoint_args)
         rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
         if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
-        ep = _entrypoint_path(entrypoint)
+        ep = entrypoint_path(entrypoint, "a Modal container")
         fn = self.function.with_options(gpu=gpu, timeout=int(timeout)) if gpu is not None else self.function.with_options(timeout=int(timeout))
         launch = uuid.uuid4().hex[:8]; handles: list[ReplicaHandle] = []
         try:
@@ -149,14 +139,8 @@ class ModalExecutor:
                ) -> list[dict[str, Any]]:
         "Wait for the calls (at most `timeout` s); one dict per handle: rank, status, exit_code, error, result, function_call_id."
         es = [self._entry(h) for h in handles]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            for e in es: self._refresh(e)
-            pending = [e for e in es if e["status"] not in FINAL_STATUSES]
-            if not pending: break
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0: break
-            self._refresh(pending[0], wait=self.poll_interval_s if left is None else min(self.poll_interval_s, left))  # block on one, briefly
+        wait_for_replicas(lambda: [e for e in es if self._refresh(e)["status"] not in FINAL_STATUSES],
+                          lambda pending, s: self._refresh(pending[0], wait=s), timeout, self.poll_interval_s)  # block on one, briefly
         out = []
         for h, e in zip(handles, es):
             d = {"rank": h.rank, "status": e["status"], "exit_code": 0 if e["status"] == "succeeded" else None, "error": e["error"],

@@ -19,131 +19,14 @@ from .trainer.messages import check_tools, encode_text, plain_text
 from .trainer.windows import _fit, _step_points
 
 # %% auto #0
-__all__ = ['Z95', 'CI_METHOD', 'MARGINS', 'BOOTSTRAP', 'wilson_interval', 'rate', 'bootstrap_ci', 'margin_summary',
-           'paired_difference', 'summarize_records', 'format_summary', 'EvalResult', 'evaluate_agent', 'hint_gaps',
-           'eval_command']
+__all__ = ['EvalResult', 'evaluate_agent', 'hint_gaps', 'eval_command', 'Z95', 'CI_METHOD', 'MARGINS', 'BOOTSTRAP',
+           'wilson_interval', 'rate', 'bootstrap_ci', 'margin_summary', 'paired_difference', 'summarize_records',
+           'format_summary']
 
-# %% ../nbs/26_evaluation.ipynb #56d3d639
-Z95 = 1.959963984540054  # the standard normal's 97.5% quantile: two-sided 95% intervals
-CI_METHOD = "Wilson score interval, 95% (z = 1.96)"
-
-def wilson_interval(k:int, # successes
-                    n:int, # trials
-                    z:float=Z95, # normal quantile of the confidence level (1.96: 95%)
-                   ) -> tuple[float, float]: # (low, high); (nan, nan) when n == 0
-    "Wilson score interval of a binomial proportion k/n (Wilson, 1927)."
-    for name, v in (("k", k), ("n", n)):
-        if isinstance(v, bool) or not isinstance(v, int): raise TypeError(f"{name} must be an int, got {type(v).__name__}")
-    if not 0 <= k <= n: raise ValueError(f"need 0 <= k <= n, got k={k}, n={n}")
-    if isinstance(z, bool) or not isinstance(z, (int, float)) or not 0 < z < math.inf: raise ValueError(f"z must be a positive number, got {z!r}")
-    if n == 0: return (math.nan, math.nan)
-    p, z2 = k / n, z * z
-    d = 1 + z2 / n
-    c, h = (p + z2 / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / d
-    return (0.0 if k == 0 else c - h, 1.0 if k == n else c + h)  # exact at the ends (c - h is 0 there up to rounding)
-
-def rate(flags:Sequence[bool|None], # one outcome per item; None = not applicable, left out
-        ) -> dict: # {"k", "n", "rate", "ci95": [low, high]}; rate and bounds are nan when n == 0
-    "A proportion with its Wilson 95% interval, from a list of outcomes."
-    xs = [bool(x) for x in flags if x is not None]
-    k, n = sum(xs), len(xs)
-    return {"k": k, "n": n, "rate": k / n if n else math.nan, "ci95": list(wilson_interval(k, n))}
-
-# %% ../nbs/26_evaluation.ipynb #19eea019
-MARGINS = ("margin_repeat", "margin_recorded")   # per-token log-prob margins of the right call at error-recovery states
-BOOTSTRAP = "percentile bootstrap over states, 95%, 2,000 resamples, seeded"
-
-def bootstrap_ci(values:Sequence[float], # one number per state (None and nan left out)
-                 n_boot:int=2000, # resamples
-                 seed:int=0, # the resampling is a pure function of the values and the seed
-                 level:float=0.95, # two-sided coverage
-                ) -> dict: # {"mean", "ci95": [low, high], "n"}; mean and bounds None when there is no value
-    "Mean of per-state values and its percentile-bootstrap interval over states."
-    import random
-    xs = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    n = len(xs)
-    if n == 0: return {"mean": None, "ci95": [None, None], "n": 0}
-    rng = random.Random(seed)
-    means = sorted(sum(rng.choices(xs, k=n)) / n for _ in range(n_boot))
-    a = (1 - level) / 2
-    return {"mean": sum(xs) / n, "ci95": [means[int(a * (n_boot - 1))], means[int(round((1 - a) * (n_boot - 1)))]], "n": n}
-
-def margin_summary(records:Sequence[dict], # evaluation records (those without the key are left out)
-                   key:str="margin_repeat", # "margin_repeat" or "margin_recorded"
-                  ) -> dict: # `bootstrap_ci` of the key over the records that have it
-    "Mean margin over states with its bootstrap interval."
-    return bootstrap_ci([r.get(key) for r in records])
-
-def paired_difference(a:Sequence, # records of config A: one list per seed (or one list)
-                      b:Sequence, # records of config B, likewise; every seed of both must cover the same states
-                      key:str="margin_repeat", # the per-state number compared
-                      seed:int=0, # bootstrap seed
-                     ) -> dict: # {"mean_diff", "ci95", "n_states", "per_state": [{"state_id", "scenario", "a", "b", "diff"}]}
-    "Per state, A's value averaged over its seeds minus B's: the mean difference and its bootstrap interval over states."
-    def per_state(runs, name):
-        runs = [runs] if runs and isinstance(runs[0], dict) else list(runs)
-        if not runs: raise ValueError(f"{name}: no records")
-        ids = [{r["state_id"] for r in recs if r.get(key) is not None} for recs in runs]
-        if any(s != ids[0] for s in ids): raise ValueError(f"{name}: its seeds cover different states for {key}")
-        vals, scen = {}, {}
-        for recs in runs:
-            for r in recs:
-                if r.get(key) is None: continue
-                vals.setdefault(r["state_id"], []).append(float(r[key])); scen[r["state_id"]] = r.get("scenario")
-        return {k: sum(v) / len(v) for k, v in vals.items()}, scen
-    va, scen = per_state(a, "a"); vb, _ = per_state(b, "b")
-    if set(va) != set(vb):
-        raise ValueError(f"a and b cover different states for {key}: {len(set(va) - set(vb))} only in a, {len(set(vb) - set(va))} only in b")
-    rows = [{"state_id": k, "scenario": scen.get(k), "a": va[k], "b": vb[k], "diff": va[k] - vb[k]} for k in sorted(va)]
-    ci = bootstrap_ci([r["diff"] for r in rows], seed=seed)
-    return {"key": key, "mean_diff": ci["mean"], "ci95": ci["ci95"], "n_states": ci["n"], "per_state": rows}
-
-_RECORD_KEYS = ("state_id", "session_id", "error_recovery", "correct", "well_formed", "preference_correct", "expected_tools", "stop")
-
-def summarize_records(records:Sequence[dict], # per-state records from `evaluate_agent` (or read back from its JSONL)
-                     ) -> dict: # each rate as {"k", "n", "rate", "ci95"}, per error kind, and counts
-    "Recovery, next-action, overall and preference accuracy and the well-formed rate of per-state records, with Wilson 95% intervals."
-    recs = list(records)
-    for i, r in enumerate(recs):
-        if not isinstance(r, dict) or not all(k in r for k in _RECORD_KEYS):
-            raise ValueError(f"records[{i}] is not an evaluation record (it needs {', '.join(_RECORD_KEYS)})")
-    rec = [r for r in recs if r["error_recovery"]]
-    stops = {}
-    for r in recs: stops[str(r["stop"])] = stops.get(str(r["stop"]), 0) + 1
-    return {
-        "n_states": len(recs), "n_sessions": len({r["session_id"] for r in recs}), "ci_method": CI_METHOD,
-        "recovery_accuracy": rate([r["correct"] for r in rec]),
-        "next_action_accuracy": rate([r["correct"] for r in recs if not r["error_recovery"]]),
-        "preference_accuracy": rate([r["preference_correct"] for r in recs]),
-        "well_formed_rate": rate([r["well_formed"] for r in recs if r["expected_tools"]]),
-        "accuracy": rate([r["correct"] for r in recs]),
-        "first_attempt_recovery_accuracy": rate([r["correct"] for r in rec if r.get("attempt") == 0]),
-        "recovery_by_kind": {k: rate([r["correct"] for r in rec if str(r.get("error_kind")) == k])
-                             for k in sorted({str(r.get("error_kind")) for r in rec})},
-        "stops": dict(sorted(stops.items())),
-        "prompts_truncated": sum(bool(r.get("prompt_truncated")) for r in recs),
-        "prompts_steps_dropped": sum(bool(r.get("prompt_steps_dropped")) for r in recs),
-        **{k: margin_summary(rec, k) for k in MARGINS},
-        "margins_by_scenario": {sc: {k: margin_summary([r for r in rec if str(r.get("scenario")) == sc], k) for k in MARGINS}
-                                for sc in sorted({str(r.get("scenario")) for r in rec if r.get("margin_repeat") is not None})},
-    }
-
-_HEADLINE = (("recovery_accuracy", "recovery accuracy (error states)"), ("next_action_accuracy", "next-action accuracy (other states)"),
-             ("preference_accuracy", "preference accuracy"), ("well_formed_rate", "well-formed tool calls"))
-
-def format_summary(summary:dict, # from `summarize_records` or `evaluate_agent`
-                  ) -> str: # a few aligned lines
-    "The headline rates of a summary as a small table: k/n, the rate and its interval."
-    def row(label, r):
-        lo, hi = r["ci95"]
-        ci = f"[{lo:.3f}, {hi:.3f}]" if r["n"] else "(no states)"
-        return f"  {label:<38}{r['k']:>5}/{r['n']:<5} {r['rate']:6.3f}  {ci}"
-    lines = [row(label, summary[k]) for k, label in _HEADLINE]
-    lines += [row(f"  recovery, {kind}", r) for kind, r in summary.get("recovery_by_kind", {}).items()]
-    for k, label in (("margin_repeat", "margin vs the failing call repeated"), ("margin_recorded", "margin vs the recorded wrong action")):
-        m = summary.get(k) or {}
-        if m.get("n"): lines.append(f"  {label:<38}{m['n']:>5} states {m['mean']:+.3f}  [{m['ci95'][0]:+.3f}, {m['ci95'][1]:+.3f}]")
-    return "\n".join(lines + [f"  ({summary.get('ci_method', CI_METHOD)}; margins: mean log p per token, {BOOTSTRAP})"])
+# %% ../nbs/26_evaluation.ipynb #e5a1b2c1
+from .evaluation_stats import (
+    BOOTSTRAP, CI_METHOD, MARGINS, Z95, bootstrap_ci, format_summary, margin_summary, paired_difference, rate, summarize_records, wilson_interval)
+_all_ = ["Z95", "CI_METHOD", "MARGINS", "BOOTSTRAP", "wilson_interval", "rate", "bootstrap_ci", "margin_summary", "paired_difference", "summarize_records", "format_summary"]
 
 # %% ../nbs/26_evaluation.ipynb #c9531808
 def _states(sessions, ingester):

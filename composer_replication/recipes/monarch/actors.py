@@ -22,130 +22,15 @@ from typing import Any, Callable, Sequence
 import torch
 
 from ...checks import check_choice, check_number, check_positive_int
+from .core import (
+    MONARCH_AVAILABLE, MONARCH_INSTALL, _ActorBase, _ActorError, _check_texts, _endpoint, _finite, _RecipeActor, call, local_procs,
+    require_monarch, rollout_examples, spawn_actor)
+_all_ = ["MONARCH_INSTALL", "require_monarch", "local_procs", "call", "spawn_actor", "rollout_examples"]
 
 # %% auto #0
-__all__ = ['MONARCH_INSTALL', 'ENGINES', 'require_monarch', 'local_procs', 'call', 'spawn_actor', 'rollout_examples',
-           'check_reward_funcs', 'score_completions', 'RewarderActor', 'GeneratorActor', 'TrainerActor',
-           'TeacherPoolActor', 'local_actors', 'run_actor_loop']
-
-# %% ../../../nbs/51_recipes.monarch.actors.ipynb #fde39c69
-MONARCH_INSTALL = 'pip install "composer-replication[monarch]"'
-
-try:
-    from monarch.actor import Actor as _ActorBase, ActorError as _ActorError, endpoint as _endpoint
-    MONARCH_AVAILABLE = True
-except ImportError:  # the module still imports; building an actor says what to install
-    _ActorBase, _ActorError, MONARCH_AVAILABLE = object, (), False
-    def _endpoint(fn): return fn
-
-def require_monarch(what:str="the Monarch recipe", # what needs it, for the message
-                   ) -> None:
-    "Nothing when torchmonarch is importable; an ImportError saying what to install otherwise."
-    if not MONARCH_AVAILABLE:
-        raise ImportError(f"{what} needs torchmonarch (Monarch actors in local or remote processes): {MONARCH_INSTALL}")
-
-# %% ../../../nbs/51_recipes.monarch.actors.ipynb #4348c32a
-@contextlib.contextmanager
-def local_procs(n:int=1, # processes in the mesh
-                spawn_timeout:str|None="10m", # Monarch's limits on starting a process and building an actor (humantime); None: Monarch's own (30s)
-               ):
-    "A Monarch mesh of `n` local CPU processes (`this_host().spawn_procs`), ready when the block starts, stopped when it ends."
-    require_monarch("local_procs")
-    check_positive_int(n, "n")
-    if spawn_timeout is not None: _spawn_timeouts(spawn_timeout)
-    from monarch.actor import this_host
-    procs = this_host().spawn_procs(per_host={"procs": n})
-    try:
-        procs.initialized.get()   # started: a process that cannot start fails here, not at the first call
-        yield procs
-    finally: procs.stop().get()
-
-def _spawn_timeouts(t:str):
-    "Raise Monarch's spawn limits (process-wide): each actor process imports torch and builds a model, slow on a busy CPU."
-    if not isinstance(t, str) or not re.fullmatch(r"\s*\d+\s*(ms|s|m|h)(\s+\d+\s*(ms|s|m|h))*\s*", t):
-        raise ValueError(f'spawn_timeout must be a duration like "90s" or "5m", got {t!r}')
-    from monarch.config import configure
-    configure(mesh_proc_spawn_max_idle=t, host_spawn_ready_timeout=t, actor_spawn_max_idle=t)
-
-def call(method, # an actor's endpoint, e.g. `trainer.train_outer_step`
-         *args, **kwargs):
-    "`method.call_one(*args, **kwargs).get()`, with an endpoint's own exception (ValueError, TypeError, ...) re-raised here."
-    try: return method.call_one(*args, **kwargs).get()
-    except _ActorError as e:
-        inner = getattr(e, "exception", None)
-        if isinstance(inner, Exception): raise inner from e
-        raise
-
-class _RecipeActor(_ActorBase):
-    "What the recipe's actors share: their arguments are checked by `_check`, in the caller (`check_args`) and again in `__init__`."
-    backend = "monarch"
-    role = None
-
-    @classmethod
-    def check_args(cls, *args, **kwargs) -> dict:
-        "The constructor's arguments, bound, defaulted and checked (a TypeError/ValueError naming the bad one)."
-        try: bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
-        except TypeError as e: raise TypeError(f"{cls.__name__}: {e}") from None
-        bound.apply_defaults()
-        kw = dict(bound.arguments); kw.pop("self")
-        return cls._check(**kw)
-
-    @staticmethod
-    def _check(**kw) -> dict: return kw
-
-    def _setup(self, kw:dict) -> dict:
-        require_monarch(type(self).__name__)
-        return type(self)._check(**kw)
-
-def spawn_actor(procs, # a Monarch proc mesh (`local_procs()` or `this_host().spawn_procs(...)`)
-                name:str, # the actor's name in the mesh
-                actor_cls:type, # TrainerActor, GeneratorActor, RewarderActor or TeacherPoolActor
-                *args, **kwargs): # the constructor's arguments
-    "`procs.spawn(name, actor_cls, *args, **kwargs)` after checking the arguments in this process."
-    require_monarch("spawn_actor")
-    if not (isinstance(actor_cls, type) and issubclass(actor_cls, _RecipeActor)):
-        raise TypeError(f"actor_cls must be one of the recipe's actor classes (TrainerActor, GeneratorActor, RewarderActor, "
-                        f"TeacherPoolActor), got {actor_cls!r}")
-    if not isinstance(name, str) or not name: raise ValueError(f"name must be a non-empty str, got {name!r}")
-    actor_cls.check_args(*args, **kwargs)
-    return procs.spawn(name, actor_cls, *args, **kwargs)
-
-# %% ../../../nbs/51_recipes.monarch.actors.ipynb #6b48c39c
-def _check_texts(v, name:str, allow_empty:bool=False) -> list[str]:
-    if isinstance(v, (str, bytes, dict)) or not isinstance(v, abc.Sequence):
-        raise TypeError(f"{name} must be a list of strings, got {type(v).__name__}")
-    for i, s in enumerate(v):
-        if not isinstance(s, str): raise TypeError(f"{name}[{i}] must be a str, got {type(s).__name__}")
-    if not v and not allow_empty: raise ValueError(f"{name} is empty")
-    return list(v)
-
-def _finite(v, name:str) -> float:
-    f = check_number(v, name)
-    if not math.isfinite(f): raise ValueError(f"{name} must be finite, got {v!r}")
-    return f
-
-def rollout_examples(prompts:Sequence[str], # the prompts, one per rollout
-                     completions:Sequence[str], # what the generator wrote for each
-                     rewards:Sequence[float], # the rewarder's score of each
-                     *,
-                     min_advantage:float=0.0, # keep a rollout when reward - mean(rewards) > this; -inf keeps all
-                     system:str|None=None, # a system turn to put first
-                    ) -> list[dict]: # TraceExamples of the kept rollouts, in order
-    "The rollouts that beat the batch's mean reward by more than `min_advantage`, as TraceExamples for channel 1."
-    prompts, completions = _check_texts(prompts, "prompts"), _check_texts(completions, "completions")
-    if isinstance(rewards, (str, bytes, dict)) or not isinstance(rewards, abc.Sequence):
-        raise TypeError(f"rewards must be a list of numbers, got {type(rewards).__name__}")
-    if not len(prompts) == len(completions) == len(rewards):
-        raise ValueError(f"prompts, completions and rewards must have one entry per rollout, got {len(prompts)}, {len(completions)} and {len(rewards)}")
-    rewards = [_finite(r, f"rewards[{i}]") for i, r in enumerate(rewards)]
-    if isinstance(min_advantage, bool) or not isinstance(min_advantage, numbers.Real) or math.isnan(min_advantage):
-        raise ValueError(f"min_advantage must be a number (or -math.inf), got {min_advantage!r}")
-    if system is not None and not isinstance(system, str): raise TypeError(f"system must be a str or None, got {type(system).__name__}")
-    mean = sum(rewards) / len(rewards)
-    head = [{"role": "system", "content": system}] if system else []
-    return [{"trace_id": f"rollout-{i}", "final_reward": r,
-             "turns": head + [{"role": "user", "content": p}, {"role": "assistant", "content": c}]}
-            for i, (p, c, r) in enumerate(zip(prompts, completions, rewards)) if c.strip() and r - mean > min_advantage]
+__all__ = ['ENGINES', 'check_reward_funcs', 'score_completions', 'RewarderActor', 'GeneratorActor', 'TrainerActor',
+           'TeacherPoolActor', 'local_actors', 'run_actor_loop', 'MONARCH_INSTALL', 'require_monarch', 'local_procs',
+           'call', 'spawn_actor', 'rollout_examples']
 
 # %% ../../../nbs/51_recipes.monarch.actors.ipynb #90ce56bd
 def _fn_name(fn) -> str: return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)

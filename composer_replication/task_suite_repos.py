@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 
 # %% auto #0
 __all__ = ['SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS', 'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES',
-           'SUITE_TOOLS', 'SyntheticRepo', 'SessionWriter']
+           'SUITE_TOOLS', 'SyntheticRepo', 'evaluate_tests', 'evaluate_tests_isolated', 'SessionWriter']
 
 # %% ../nbs/24a_task_suite_repos.ipynb #d1ec5f7d
 SPLITS = ("train", "heldout")
@@ -140,6 +140,33 @@ class SyntheticRepo:
         self.read, self.modified = set(), []
         self.log = [f"{rng.getrandbits(28):07x} {m}" for m in (f"Add {self.mod} helpers", "Add settings", f"Initial {self.repo} layout")]
 
+    isolate_tests = False   # run the tests in a child process (`evaluate_tests_isolated`): set where an agent writes the code
+
+    @classmethod
+    def from_meta(cls,
+                  meta:dict, # a session's manifest entry (`SuiteSession.meta`): cwd, test_command, files, names
+                  rng:random.Random|None=None, # draws what the record does not hold (durations, commit hashes); None: seeded by the session id
+                  isolate_tests:bool=True, # run the tests in a child process (the agent writes the code)
+                 ) -> SyntheticRepo:
+        "The repository a recorded session starts from, rebuilt from its manifest entry: same files, layout and test command."
+        if not isinstance(meta, dict): raise TypeError(f"meta must be a session's manifest entry (dict), got {type(meta).__name__}")
+        miss = [k for k in ("cwd", "test_command", "files", "names") if k not in meta]
+        if miss: raise ValueError(f"meta has no {miss} (a session's manifest entry, `SuiteSession.meta`, is expected)")
+        self = cls.__new__(cls)
+        self.rng = rng if rng is not None else random.Random(f"composer-task-suite/repo/{meta.get('session_id')}")
+        self.voc, self.funcs, self.buggy, self.settings = None, None, None, None   # what the record does not say
+        self.repo = self.pkg = meta["names"]["repos"][0]; self.mod = meta["names"]["modules"][0]
+        self.cwd, self.test_cmd, self.isolate_tests = meta["cwd"], meta["test_command"], isolate_tests
+        self.mod_path, self.init_path = f"{self.pkg}/{self.mod}.py", f"{self.pkg}/__init__.py"
+        self.test_path, self.config_path = f"tests/test_{self.mod}.py", f"{self.pkg}/config.py"
+        self.files = dict(meta["files"])
+        for p in (self.mod_path, self.init_path, self.test_path, self.config_path):
+            if p not in self.files: raise ValueError(f"meta['files'] has no {p!r}: not a synthetic repository's layout")
+        self.initial = dict(self.files)
+        self.read, self.modified = set(), []
+        self.log = [f"{self.rng.getrandbits(28):07x} {m}" for m in (f"Add {self.mod} helpers", "Add settings", f"Initial {self.repo} layout")]
+        return self
+
     def abs(self, rel): return f"{self.cwd}/{rel}"
     def rel(self, p):
         if not isinstance(p, str) or not p.startswith(self.cwd + "/"): return None
@@ -216,38 +243,91 @@ class SyntheticRepo:
         "Run the simulated test suite: (exit code, pytest -q output)."
         pre = "python -m pytest -q\n" if self.test_cmd.startswith("make") else ""
         dur = f"{self.rng.randrange(2, 9) / 100:.2f}s"
-        ns, mod_src = {}, self.files[self.mod_path]
-        exec(compile(mod_src, self.mod_path, "exec"), ns)
-        test_src = self.files[self.test_path]
-        imported = re.match(r"from \S+ import (.+)\n", test_src).group(1).split(", ")
-        exported = re.search(r"from \.\S+ import (.+)\n", self.files[self.init_path]).group(1).split(", ")
-        missing = [n for n in imported + exported if n not in ns]
-        if missing:
-            out = (" ERRORS ".center(80, "=") + "\n" + f" ERROR collecting {self.test_path} ".center(80, "_") + "\n"
-                   f"ImportError while importing test module '{self.abs(self.test_path)}'.\n"
-                   f"E   ImportError: cannot import name '{missing[0]}' from '{self.pkg}.{self.mod}' ({self.abs(self.mod_path)})\n"
+        run = evaluate_tests_isolated if self.isolate_tests else evaluate_tests
+        r = run(self.files[self.mod_path], self.mod_path, self.files[self.test_path], self.files[self.init_path])
+        if "results" not in r:   # the module or the tests cannot be imported: a collection error
+            why = (f"ImportError while importing test module '{self.abs(self.test_path)}'.\n"
+                   f"E   ImportError: cannot import name '{r['missing']}' from '{self.pkg}.{self.mod}' ({self.abs(self.mod_path)})\n"
+                   if "missing" in r else f"E   {r['error']}\n")
+            out = (" ERRORS ".center(80, "=") + "\n" + f" ERROR collecting {self.test_path} ".center(80, "_") + "\n" + why
                    + " short test summary info ".center(80, "=") + f"\nERROR {self.test_path}\n"
                    + " Interrupted: 1 error during collection ".center(80, "!") + f"\n1 error in {dur}")
             return 2, pre + out
-        lines, dots, fails = test_src.split("\n"), "", []
-        for i, l in enumerate(lines):
-            m = re.match(r"    assert (.+) == (.+)$", l)
-            if not m: continue
-            name = lines[i - 1][4:].split("(")[0]
-            got, want = eval(m.group(1), ns), eval(m.group(2), ns)
-            if got == want: dots += "."
-            else: dots += "F"; fails.append((name, i + 1, l, repr(got), m.group(2), m.group(1)))
+        dots = "".join("." if ok else "F" for *_, ok, _ in r["results"])
+        fails = [x for x in r["results"] if not x[6]]
         head = f"{dots:<73}[100%]"
         if not fails: return 0, pre + f"{head}\n{len(dots)} passed in {dur}"
-        body = [head, " FAILURES ".center(80, "=")]
-        for name, ln, src, got, want, call in fails:
-            body += [f" {name} ".center(80, "_"), "", f"    def {name}():", f">   {src}", f"E       assert {got} == {want}",
-                     f"E        +  where {got} = {call}", "", f"{self.test_path}:{ln}: AssertionError"]
+        body, summary = [head, " FAILURES ".center(80, "=")], []
+        for name, ln, src, got, want, call, _, exc in fails:
+            body += [f" {name} ".center(80, "_"), "", f"    def {name}():", f">   {src}"]
+            if exc is None:
+                body += [f"E       assert {got} == {want}", f"E        +  where {got} = {call}", "", f"{self.test_path}:{ln}: AssertionError"]
+                summary.append(f"FAILED {self.test_path}::{name} - assert {got} == {want}")
+            else:   # the assertion raised (code an agent broke): pytest reports the exception
+                body += [f"E       {exc}", "", f"{self.test_path}:{ln}: {exc.split(':')[0]}"]
+                summary.append(f"FAILED {self.test_path}::{name} - {exc}")
         body.append(" short test summary info ".center(80, "="))
-        body += [f"FAILED {self.test_path}::{n} - assert {g} == {w}" for n, _, _, g, w, _ in fails]
+        body += summary
         npass = len(dots) - len(fails)
         body.append(f"{len(fails)} failed" + (f", {npass} passed" if npass else "") + f" in {dur}")
         return 1, pre + "\n".join(body)
+
+    def tests_pass(self) -> bool:
+        "Whether the test suite passes on the current files (without drawing from the repository's random state)."
+        run = evaluate_tests_isolated if self.isolate_tests else evaluate_tests
+        r = run(self.files[self.mod_path], self.mod_path, self.files[self.test_path], self.files[self.init_path])
+        return "results" in r and bool(r["results"]) and all(x[6] for x in r["results"])
+
+_ASSERT = re.compile(r"    assert (.+) == (.+)$")
+
+def evaluate_tests(mod_src:str, # the module's source
+                   mod_path:str, # its path in the repository (shown in tracebacks)
+                   test_src:str, # the test file's source (`from pkg.mod import ...`, one `    assert call == want` per test)
+                   init_src:str, # the package's `__init__.py` (the names it re-exports must exist)
+                  ) -> dict: # {"results": [[test, line, source, repr(got), want, call, passed, exception or None]]}, or {"missing": name} / {"error": text}
+    "Execute the module and evaluate each test assertion, in this process (for code the suite wrote; see `evaluate_tests_isolated`)."
+    ns = {}
+    try: exec(compile(mod_src, mod_path, "exec"), ns)
+    except Exception as e: return {"error": f"{type(e).__name__}: {e}"}
+    m, e = re.match(r"from \S+ import (.+)\n", test_src), re.search(r"from \.\S+ import (.+)\n", init_src)
+    imported, exported = (m.group(1).split(", ") if m else []), (e.group(1).split(", ") if e else [])
+    missing = [n for n in imported + exported if n not in ns]
+    if missing: return {"missing": missing[0]}
+    lines, results = test_src.split("\n"), []
+    for i, l in enumerate(lines):
+        a = _ASSERT.match(l)
+        if not a: continue
+        name = lines[i - 1][4:].split("(")[0]
+        try:
+            got, want = eval(a.group(1), ns), eval(a.group(2), ns)
+            results.append([name, i + 1, l, repr(got), a.group(2), a.group(1), bool(got == want), None])
+        except Exception as x: results.append([name, i + 1, l, None, a.group(2), a.group(1), False, f"{type(x).__name__}: {x}"])
+    return {"results": results}
+
+_MARK = "\x00composer-task-suite-result\x00"
+
+def evaluate_tests_isolated(mod_src:str, mod_path:str, test_src:str, init_src:str, # as `evaluate_tests`
+                            timeout:float=10.0, # seconds of wall time (and of CPU) the run may take
+                            memory_mb:int=1024, # address space of the child process (POSIX)
+                           ) -> dict:
+    "`evaluate_tests` in a child Python with a time and memory limit: for code an agent wrote (a hang or a crash stays in the child)."
+    import importlib.util, os, subprocess, sys
+    root = os.path.dirname(importlib.util.find_spec("composer_replication").submodule_search_locations[0])
+    child = (f"import json, sys; sys.path.insert(0, {root!r})\nfrom composer_replication.task_suite_repos import evaluate_tests\n"
+             f"r = evaluate_tests(**json.load(sys.stdin)); sys.stdout.write({_MARK!r} + json.dumps(r))")
+    def limits():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+        resource.setrlimit(resource.RLIMIT_CPU, (int(timeout) + 1, int(timeout) + 1))
+    args = json.dumps({"mod_src": mod_src, "mod_path": mod_path, "test_src": test_src, "init_src": init_src})
+    try:
+        p = subprocess.run([sys.executable, "-I", "-c", child], input=args, capture_output=True, text=True, timeout=timeout,
+                           preexec_fn=limits if os.name == "posix" else None)
+    except subprocess.TimeoutExpired: return {"error": f"TimeoutError: the test run took longer than {timeout:g} s"}
+    if _MARK not in p.stdout:
+        last = (p.stderr.strip().splitlines() or [f"the test process ended with exit code {p.returncode}"])[-1]
+        return {"error": last}
+    return json.loads(p.stdout.rsplit(_MARK, 1)[1])
 
 def _tool_err(msg): return f"<tool_use_error>{msg}</tool_use_error>", True, f"Error: {msg}"
 

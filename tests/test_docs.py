@@ -1,191 +1,35 @@
-"""Documentation that can be read without running anything: the static site (tools/docs.py) opened in a real headless
-Chromium, and the committed-output checks (tools/nb_outputs.py) on hand-made notebooks and on nbs/ itself.
+"""Documentation that can be read without running anything: the mkdocs site (mkdocs.yml, its hook tools/docs.py)
+built and opened in a real headless Chromium (tools/docs_audit.py), and the committed-output checks
+(tools/nb_outputs.py) on hand-made notebooks and on nbs/ itself.
 
 The browser part needs Debian's `chromium` (`apt-get install -y --no-install-recommends chromium`); without it
 those tests are skipped with a message saying so. Nothing here reaches the network: the pages are served from
-127.0.0.1 by a server each test starts and stops, and Chromium resolves no other host.
+127.0.0.1 by a server each audit starts and stops, and Chromium resolves no other host.
 """
 from __future__ import annotations
 
-import asyncio
-import functools
-import html
 import json
-import os
 import re
-import signal
-import shutil
 import subprocess
 import sys
-import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 import docs  # noqa: E402
 import nb_outputs  # noqa: E402
+from docs_audit import CHROMIUM, KINDS, TRACEBACK, audit  # noqa: E402
 
-TRACEBACK = "Traceback (most recent call last)"
-CHROMIUM = next((p for p in (shutil.which("chromium"), "/usr/bin/chromium", shutil.which("chromium-browser")) if p and Path(p).exists()), None)
 needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium: `apt-get install -y --no-install-recommends chromium` to run the browser checks")
 
 
-# ---------------------------------------------------------------- a server and a browser
-
-class Server:
-    "Serve a folder on 127.0.0.1 (a free port) in a thread; stopped on exit."
-
-    def __init__(self, folder: Path):
-        handler = functools.partial(_QuietHandler, directory=str(folder))
-        self.httpd = _QuietServer(("127.0.0.1", 0), handler)
-        self.base = f"http://127.0.0.1:{self.httpd.server_address[1]}/"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(10)
-
-
-class _QuietServer(ThreadingHTTPServer):
-    def handle_error(self, request, client_address):
-        if not isinstance(sys.exc_info()[1], ConnectionError): super().handle_error(request, client_address)
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, *args): pass
-
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def http_status(url: str) -> int:
-    try:
-        with _NO_PROXY.open(url, timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
-PAGE_JS = """JSON.stringify({
-  title: document.title,
-  h1: (document.querySelector('main header h1') || {innerText: ''}).innerText,
-  text: document.body ? document.body.innerText : '',
-  shown: (() => { const b = document.body.cloneNode(true);   // what the page shows besides the code it quotes
-                  b.querySelectorAll('.input_area, .jp-InputArea').forEach(e => e.remove()); return b.textContent; })(),
-  sidebar: [...document.querySelectorAll('nav.sidebar li a')].map(a => ({href: a.href, text: a.innerText.trim()})),
-  links: [...document.querySelectorAll('main a[href]')].map(a => a.href)
-})"""
-
-
-def browse(urls: list[str], timeout: float = 30) -> dict[str, dict]:
-    "Open each URL in one headless Chromium (DevTools protocol) and return what PAGE_JS sees there."
-    return asyncio.run(_browse(urls, timeout))
-
-
-async def _browse(urls, timeout):
-    import aiohttp
-    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
-        proc = subprocess.Popen(
-            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-             "--no-default-browser-check", "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
-             "--remote-debugging-address=127.0.0.1", "--remote-debugging-port=0", f"--user-data-dir={profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        try:
-            port_file, t0 = Path(profile) / "DevToolsActivePort", time.time()
-            while not (port_file.exists() and port_file.read_text().strip()):
-                if proc.poll() is not None or time.time() - t0 > timeout:
-                    raise RuntimeError(f"chromium did not start (exit {proc.poll()})")
-                await asyncio.sleep(0.1)
-            port = int(port_file.read_text().split()[0])
-            async with aiohttp.ClientSession() as http:
-                for _ in range(50):
-                    targets = await (await http.get(f"http://127.0.0.1:{port}/json/list")).json()
-                    pages = [t for t in targets if t.get("type") == "page"]
-                    if pages: break
-                    await asyncio.sleep(0.1)
-                async with http.ws_connect(pages[0]["webSocketDebuggerUrl"], max_msg_size=0) as ws:
-                    cdp = _Cdp(ws)
-                    await cdp.call("Page.enable")
-                    out = {}
-                    for url in urls:
-                        await cdp.navigate(url, timeout)
-                        r = await cdp.call("Runtime.evaluate", expression=PAGE_JS, returnByValue=True)
-                        out[url] = json.loads(r["result"]["value"])
-                    return out
-        finally:  # stop this Chromium and its helper processes (its own process group), nothing else
-            proc.terminate()
-            try: proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill(); proc.wait(10)
-            try: os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError): pass
-
-
-class _Cdp:
-    "The smallest DevTools-protocol client: numbered calls, and waiting for an event."
-
-    def __init__(self, ws):
-        self.ws, self.n, self.events = ws, 0, []
-
-    async def _recv(self):
-        msg = await self.ws.receive_json()
-        if "method" in msg: self.events.append(msg)
-        return msg
-
-    async def call(self, method, **params):
-        self.n += 1
-        await self.ws.send_json({"id": self.n, "method": method, "params": params})
-        while True:
-            msg = await self._recv()
-            if msg.get("id") == self.n:
-                if "error" in msg: raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-
-    async def navigate(self, url, timeout):
-        self.events.clear()
-        r = await self.call("Page.navigate", url=url)
-        if r.get("errorText"): raise RuntimeError(f"{url}: {r['errorText']}")
-        async def loaded():
-            while not any(e["method"] == "Page.loadEventFired" for e in self.events): await self._recv()
-        await asyncio.wait_for(loaded(), timeout)
-
-
-def audit(folder: Path) -> dict:
-    """Open every page of a built site in Chromium; return the problems found, by kind: sidebar links that do not
-    resolve (HTTP status, or the page there lacks the link's title), pages showing a traceback, broken in-site links."""
-    pages = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*.html"))
-    found = {"sidebar": [], "traceback": [], "links": [], "untitled": []}
-    with Server(folder) as srv:
-        seen = browse([srv.base + p for p in pages])
-        sidebar = {}
-        for url, info in seen.items():
-            if TRACEBACK in info["shown"]: found["traceback"].append(url[len(srv.base):])
-            if not info["title"] or not info["h1"]: found["untitled"].append(url[len(srv.base):])
-            for a in info["sidebar"]: sidebar.setdefault(a["href"], a["text"])
-        status = {u: http_status(u) for u in sidebar}
-        targets = browse([u for u in sidebar if status[u] == 200])
-        for u, text in sidebar.items():
-            rel = u[len(srv.base):]
-            if status[u] != 200:
-                found["sidebar"].append(f"{rel}: HTTP {status[u]}")
-            elif text not in (targets[u]["h1"], targets[u]["title"]) and text != targets[u]["title"].split(" – ")[0]:
-                found["sidebar"].append(f"{rel}: link says {text!r}, page is titled {targets[u]['title']!r}")
-        inside = {l.split("#")[0] for info in seen.values() for l in info["links"] if l.startswith(srv.base)}
-        for u in sorted(inside):
-            if http_status(u) != 200: found["links"].append(u[len(srv.base):])
-    return found
+def mkdocs_build(project: Path, *args) -> subprocess.CompletedProcess:
+    "`mkdocs build --strict` in `project` (its own mkdocs.yml), as `bash tools/run.sh docs` runs it."
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", *args], cwd=project, capture_output=True,
+                          text=True, env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"}, timeout=900)
 
 
 # ---------------------------------------------------------------- hand-made notebooks
@@ -221,133 +65,137 @@ def out_error():
 PNG_1PX = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
 
 
-@pytest.fixture
-def mini(tmp_path):
-    "A tiny project: three notebooks (one with an error output), a sidebar naming one that does not exist, a README."
-    nbs = tmp_path / "nbs"
+MINILIB = '''"""A tiny library for the docs tests."""
+__all__ = ['add']
+
+def add(a:int, # the first number
+        b:int=1): # the second
+    "Add `b` to `a`."
+    return a + b  # EXPORTED_BODY
+'''
+
+
+@pytest.fixture(scope="module")
+def mini(tmp_path_factory):
+    """A tiny nbdev project built with the repository's mkdocs.yml and hook: a library module, three notebooks (one
+    with an error output and a console error), a sidebar naming one that does not exist, a README."""
+    root = tmp_path_factory.mktemp("mini")
+    nbs = root / "nbs"
+    (root / "minilib").mkdir()
+    (root / "minilib" / "__init__.py").write_text("")
+    (root / "minilib" / "core.py").write_text(MINILIB)
     make_nb(nbs / "01_good.ipynb", [
+        ("code", "#| default_exp core"),
         ("md", "Some **bold** text and a [link to the other one](02_bad.ipynb#part), and $x^2$."),
         ("code", "#| hide\nSECRET_SETUP = 1"),
-        ("code", "#| export\ndef hidden_export(): pass"),
+        ("code", "#| export\n" + MINILIB.split("\n\n", 1)[1]),
+        ("code", "#| exports\nSHOWN_EXPORT = 2"),
         ("code", "#| echo: false\nprint('only the output')", [out_text("only the output\n")]),
+        ("code", "#| include: false\nINCLUDED_NOT = 3", [out_text("INCLUDED_NOT\n")]),
+        ("code", "#| output: false\nOUTPUT_OFF = 4\nOUTPUT_OFF", [out_result("OUTPUT_OFF_VALUE")]),
         ("code", "x = [1, 2, 3]\nx", [out_result("[1, 2, 3]")]),
         ("code", "plot()", [{"output_type": "display_data", "metadata": {}, "data": {"image/png": PNG_1PX, "text/plain": "<Figure>"}}]),
         ("md", "## A section\n\n| a | b |\n|---|---|\n| 1 | 2 |"),
-        ("code", "show_doc(len)", [{"output_type": "display_data", "metadata": {}, "data": {
-            "text/markdown": '---\n\n[source](https://example.org/len.py#L1){target="_blank" style="float:right"}\n\n### len\n\n*Return the length.*',
-            "text/plain": "<nbdev.showdoc.BasicMarkdownRenderer>"}}]),
     ], title="Good notebook")
-    make_nb(nbs / "02_bad.ipynb", [("code", "1/0", [out_error()])], title="Bad notebook")
-    make_nb(nbs / "tutorials" / "walk.ipynb", [("md", "Back to [the good one](../01_good.ipynb)."),
+    make_nb(nbs / "02_bad.ipynb", [("code", "1/0", [out_error()]), ("code", "js()", [{"output_type": "display_data", "metadata": {},
+            "data": {"text/html": "<script>console.error('planted error')</script>", "text/plain": "js"}}])], title="Bad notebook")
+    make_nb(nbs / "tutorials" / "walk.ipynb", [("md", "Back to [the good one](../01_good.ipynb); [gone](nowhere.html)."),
                                                ("code", f"log = '{TRACEBACK}:'  # quoting one in code is fine")], title="A walk")
     (nbs / "sidebar.yml").write_text(
         "website:\n  sidebar:\n    contents:\n      - index.ipynb\n      - section: Core\n        contents:\n"
         "          - 01_good.ipynb\n          - 02_bad.ipynb\n          - 03_missing.ipynb\n"
         "      - section: Tutorials\n        contents:\n          - tutorials/walk.ipynb\n")
-    (tmp_path / "settings.ini").write_text("[DEFAULT]\n")
-    (tmp_path / "README.md").write_text("<!-- generated -->\n\n# Mini project\n\n> The front page.\n\nSee [the good notebook](nbs/01_good.ipynb) "
-                                        "and [the settings](settings.ini).\n")
-    return tmp_path
+    (root / "settings.ini").write_text("[DEFAULT]\nlib_name = minilib\nlib_path = minilib\nnbs_path = nbs\ndoc_path = _docs\n"
+                                       "recursive = True\nbranch = main\ngit_url = https://github.com/o/mini\n")
+    (root / "README.md").write_text("<!-- generated -->\n\n# Mini project\n\n> The front page.\n\nSee [the good notebook](nbs/01_good.ipynb) "
+                                    "and [the settings](settings.ini).\n")
+    cfg = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    cfg.update(site_name="Mini", hooks=[str(ROOT / "tools" / "docs.py")], watch=[])
+    (root / "mkdocs.yml").write_text(yaml.safe_dump(cfg))
+    return root, mkdocs_build(root)
 
 
-def test_docs_build_of_a_mini_project(mini):
-    out = mini / "_docs"
-    res = docs.build_site(out=out, nbs=mini / "nbs", readme=mini / "README.md", api=False)
-    assert res["problems"] == ["sidebar entry '03_missing.ipynb' names no notebook in " + str((mini / "nbs").absolute())]
-    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.html")) == [
-        "01_good.html", "02_bad.html", "index.html", "tutorials/walk.html"]
+def test_mini_site_build(mini):
+    root, res = mini
+    out = root / "_docs"
+    log = res.stdout + res.stderr
+    assert res.returncode == 1 and "Aborted with 1 warnings in strict mode" in log, log[-3000:]
+    assert "A reference to '03_missing.ipynb' is included in the 'nav' configuration, which is not found" in log
+    assert {p.relative_to(out).as_posix() for p in out.rglob("*.html")} >= {
+        "01_good.html", "02_bad.html", "index.html", "tutorials/walk.html", "api/minilib.core.html"}
     good = (out / "01_good.html").read_text()
-    assert "<title>Good notebook – composer_replication</title>" in good
-    assert "What Good notebook is for." in good                       # the frontmatter description
-    assert "SECRET_SETUP" not in good and "hidden_export" not in good  # #| hide and #| export cells are gone
-    assert "#|" not in good and "print(&#39;only" not in good and "print('only" not in good  # directives, echo: false
-    assert "only the output" in good
-    assert '<strong>bold</strong>' in good and "<table>" in good
-    assert 'href="02_bad.html#part"' in good                          # foo.ipynb -> foo.html
-    assert "<em>Return the length.</em>" in good and '{target=' not in good and "show_doc(" not in good  # a show_doc cell
-    assert 'highlight hl-ipython3' in good and "data:image/png;base64," + PNG_1PX[:20] in good
-    walk = (out / "tutorials" / "walk.html").read_text()
-    assert 'href="../01_good.html"' in walk and 'href="../site.css"' in walk
+    text = re.sub(r"<[^>]+>", "", good)
+    assert "<title>Good notebook - Mini</title>" in good and "What Good notebook is for." in good  # the frontmatter
+    assert "SECRET_SETUP" not in good and "EXPORTED_BODY" not in good and "default_exp" not in good  # hide, export
+    assert 'id="add"' in good and "Add <code>b</code> to <code>a</code>." in good and "the first number" in good  # show_doc
+    assert "SHOWN_EXPORT" in good                                           # #| exports: the code is shown
+    assert "#|" not in text and "print(&#39;only" not in good and "print('only" not in good and "only the output" in good
+    assert "INCLUDED_NOT" not in good and "OUTPUT_OFF = 4" in good and "OUTPUT_OFF_VALUE" not in good  # include, output
+    assert "<strong>bold</strong>" in good and "<table" in good and "data:image/png;base64," + PNG_1PX[:20] in good
+    assert 'href="02_bad.html#part"' in good                                # foo.ipynb -> its page
+    assert 'href="../01_good.html"' in (out / "tutorials" / "walk.html").read_text()
     front = (out / "index.html").read_text()
-    assert "<h1>Mini project</h1>" in front and 'href="01_good.html"' in front
-    assert "https://github.com/" in front and "/blob/main/settings.ini" in front  # not rendered: a link to the repo
-    assert docs.main(["--out", str(out), "--nbs", str(mini / "nbs"), "--readme", str(mini / "README.md"), "--no-api"]) == 1
-
-
-def test_docs_refuses_to_wipe_a_folder_it_did_not_write(mini):
-    out = mini / "precious"
-    out.mkdir()
-    (out / "keep.txt").write_text("mine")
-    with pytest.raises(SystemExit, match="refusing to wipe"):
-        docs.build_site(out=out, nbs=mini / "nbs", readme=mini / "README.md", api=False)
-    assert (out / "keep.txt").read_text() == "mine"
+    assert re.search(r"<h1[^>]*>Mini project", front) and 'href="01_good.html"' in front
+    assert 'href="https://github.com/o/mini/blob/main/settings.ini"' in front  # another file of the repo: on GitHub
+    api = (out / "api" / "minilib.core.html").read_text()
+    assert "add" in api and "Add <code>b</code> to <code>a</code>." in api and 'href="../01_good.html"' in api
+    nav = re.findall(r'class="md-nav__link[^"]*"[^>]*href="([^"#]+)"|href="([^"#]+)"[^>]*class="md-nav__link', front)
+    nav = list(dict.fromkeys(a or b for a, b in nav))
+    assert nav == ["index.html", "01_good.html", "02_bad.html", "03_missing.ipynb", "tutorials/walk.html", "api/minilib.core.html"], nav
 
 
 @needs_chromium
 def test_browser_audit_finds_what_is_wrong_with_the_mini_site(mini):
-    "The audit used on the real site can fail: a missing sidebar page, a traceback on a page."
-    out = mini / "_docs"
-    docs.build_site(out=out, nbs=mini / "nbs", readme=mini / "README.md", api=False)
-    found = audit(out)
-    assert found["sidebar"] == ["03_missing.html: HTTP 404"]
+    "The audit used on the real site can fail: a missing nav page, a traceback, a broken link, a console error."
+    root, _ = mini
+    found = audit(root / "_docs")
+    assert found["nav"] == ["03_missing.ipynb: HTTP 404"]
     assert found["traceback"] == ["02_bad.html"]
-    assert found["links"] == [] and found["untitled"] == []
+    assert found["links"] == ["tutorials/nowhere.html"]
+    assert len(found["console"]) == 1 and found["console"][0].startswith("02_bad.html: console.error: planted error")
+    assert found["pages"] == []
 
 
-def test_api_docs_of_a_module_that_does_not_import(tmp_path):
-    "A module that fails to import still gets its names, signatures and first docstring lines, read from the source."
-    from nbconvert.filters.markdown_mistune import markdown2html_mistune
-    (tmp_path / "brokenmod_xyz.py").write_text(
-        "import a_package_that_is_not_installed_xyz\n__all__ = ['f', 'K']\n"
-        "def f(a, b: int = 1):\n    '''Add things.\n\n    More text.'''\n    return a\nK = 3\n")
-    api = docs.ApiDocs("x", "https://github.com/o/r", "main", markdown2html_mistune, tmp_path / "lib")
-    assert api.public_names("brokenmod_xyz", api.py_file("brokenmod_xyz")) == ["f", "K"]
-    box = api.html("brokenmod_xyz", "f")
-    assert "ModuleNotFoundError" in api.errors["brokenmod_xyz"] and TRACEBACK not in box
-    text = html.unescape(re.sub(r"<[^>]+>", "", box))
-    assert "def f(a, b: int=1)" in text and "<em>Add things.</em>" in box and "More text" not in box
-    assert api.html("brokenmod_xyz", "K") == ""  # not a def: the API page gives it a bare heading
-
-
-def test_sidebar_reading():
-    items = docs.read_sidebar(ROOT / "nbs" / "sidebar.yml")
-    links = docs.sidebar_links(items)
-    assert links and all(l.endswith(".ipynb") for l in links)
-    assert [k for k, *_ in items].count("section") >= 3
+def test_nav_from_the_real_sidebar():
+    nav = docs.nav_from_sidebar(ROOT / "nbs" / "sidebar.yml", {"index.md": "Home"})
+    sections = [next(iter(e)) for e in nav if isinstance(next(iter(e.values())), list)]
+    assert nav[0] == {"Home": "index.md"} and len(sections) >= 3
+    pages = [p for e in nav for v in e.values() for p in (v if isinstance(v, list) else [v])]
+    assert all(isinstance(p, dict) and next(iter(p.values())).endswith(".ipynb") for p in pages if not isinstance(p, str))
 
 
 # ---------------------------------------------------------------- the real site
 
 @pytest.fixture(scope="module")
 def real_site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("docs") / "_docs"
-    res = docs.build_site(out=out)
+    out = tmp_path_factory.mktemp("docs") / "site"
+    res = mkdocs_build(ROOT, "--site-dir", str(out))
     return out, res
 
 
 @pytest.mark.slow
 def test_real_site_builds(real_site):
     out, res = real_site
-    nbs = [p for p in docs.find_notebooks(ROOT / "nbs") if p.name != "index.ipynb"]
-    for p in nbs:
-        assert (out / p.relative_to(ROOT / "nbs").with_suffix(".html")).exists(), p
-    assert (out / "index.html").exists() and res["api_pages"] > 10
-    assert not [p for p in res["problems"] if p.startswith("could not render")], res["problems"]
+    assert res.returncode == 0, res.stderr[-5000:]
+    from nbdev.doclinks import nbglob
+    for p in nbglob(ROOT / "nbs", as_path=True):
+        if p.name != "index.ipynb": assert (out / p.relative_to(ROOT / "nbs").with_suffix(".html")).exists(), p
+    assert (out / "index.html").exists() and len(list((out / "api").glob("*.html"))) > 10
     api = (out / "api" / "composer_replication.opsd.html").read_text()
-    assert "generalized_jsd_loss" in api and "api-doc" in api  # show_doc output
-    assert re.search(r'href="https://github.com/[^"]+/blob/main/composer_replication/opsd.py#L\d+">source</a>', api)
+    assert "generalized_jsd_loss" in api and "linear_generalized_jsd_loss" in api
     opsd = (out / "01_opsd.html").read_text()
     assert 'id="generalized_jsd_loss"' in opsd and "api/composer_replication.opsd.html" in opsd  # inline show_doc
-    assert res["bytes"] < 30e6
+    assert re.search(r'href="https://github.com/[^"]+/blob/main/composer_replication/opsd.py#L\d+"[^>]*>source</a>', opsd)
+    assert sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) < 30e6
 
 
 @pytest.mark.slow
 @needs_chromium
 def test_real_site_in_a_browser(real_site):
-    "Every sidebar link resolves to a page with that title; no page shows a traceback; in-site links resolve."
-    out, _ = real_site
-    found = audit(out)
-    assert found == {"sidebar": [], "traceback": [], "links": [], "untitled": []}
+    "Every page loads with a title; every nav link resolves to a page of that title; no traceback, broken link, JS error."
+    out, res = real_site
+    assert res.returncode == 0
+    assert audit(out) == {k: [] for k in KINDS}
 
 
 # ---------------------------------------------------------------- nb_outputs

@@ -2,7 +2,8 @@
 # The README's two commands. From a fresh clone, with nothing installed beforehand:
 #   bash tools/run.sh main    # set up .venv, then run the main job
 #   bash tools/run.sh test    # set up .venv, then run the whole test suite (notebooks incl. slow cells, pytest)
-# `bash tools/run.sh setup` only sets up; `bash tools/run.sh docs` renders the static site into _docs/ (tools/docs.py).
+# `bash tools/run.sh setup` only sets up; `bash tools/run.sh docs` builds the static site into _docs/ with mkdocs
+# (mkdocs.yml; tools/docs.py is its hook) and opens every page in headless Chromium (tools/docs_audit.py).
 # Set PYTHON to choose the interpreter (3.10+).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,7 +27,7 @@ setup() {
   export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 }
 
-# The docs test opens the built site in a real headless browser: Debian's chromium (installed when root and missing).
+# The docs audit opens the built site in a real headless browser: Debian's chromium (installed when root and missing).
 browser() {
   if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null
@@ -37,6 +38,6 @@ case "${1:-}" in
   setup) setup ;;
   main)  setup; shift; exec composer-replication demo "$@" ;;
   test)  setup; browser; shift; exec .venv/bin/python tools/run_tests.py "$@" ;;
-  docs)  setup; shift; exec .venv/bin/python tools/docs.py "$@" ;;
+  docs)  setup; browser; NO_MKDOCS_2_WARNING=1 .venv/bin/python -m mkdocs build --strict && exec .venv/bin/python tools/docs_audit.py _docs ;;
   *) echo "usage: bash tools/run.sh {main|test|setup|docs}" >&2; exit 2 ;;
 esac

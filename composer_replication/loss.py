@@ -179,13 +179,13 @@ def _did_you_mean(bad, allowed):
     close = [m for b in bad if isinstance(b, str) for m in difflib.get_close_matches(b, allowed, n=1)]
     return f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
 
-def _loss_config(config, options, where, allowed=LOSS_OPTIONS):
-    "The LossConfig of a call: `config`, or one made from the keyword options (never both)."
+def _loss_config(config, options, where, allowed=LOSS_OPTIONS, name="config"):
+    "The LossConfig of a call (the loss functions', the trainers'): `config` (the argument called `name`), or one made from the keyword options; never both."
     if config is not None:
         if not isinstance(config, LossConfig):
-            raise TypeError(f"{where}: config must be a LossConfig, got {type(config).__name__} (LossConfig.from_dict reads a dict)")
-        if options: raise TypeError(f"{where}() got config= and the options {sorted(options)}: pass one or the other "
-                                    "(config.replace(...) changes a config)")
+            raise TypeError(f"{where}: {name} must be a LossConfig, got {type(config).__name__} (LossConfig.from_dict reads a dict)")
+        if options: raise TypeError(f"{where}() got {name}= and the options {sorted(options)}: pass one or the other "
+                                    f"({name}.replace(...) changes a config)")
         return config
     if (bad := _unknown(options, allowed)):
         raise TypeError(f"{where}() got unexpected keyword argument(s) {bad}{_did_you_mean(bad, allowed)}; its options are {list(allowed)}")

@@ -21,24 +21,24 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..diloco import check_diloco_options, check_manager, make_diloco_outer_loop
 from ..distillation.taid import TAIDScheduler
 from ..loss import (
-    LOSS_OPTIONS, REPLAY_CRITERIA, LossConfig, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
+    LOSS_OPTIONS, LossConfig, _loss_config, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
+from .channels import (
+    _TAID_FILE, _ChannelMixin, _inside_forward, _resume_taid, _TAIDCallback, adapter_free_ref_logprobs, is_adapter_model, loss_view)
 from .data_collator import ComposerDataCollator, precompute_ref_logprobs
+_all_ = ["is_adapter_model", "loss_view", "adapter_free_ref_logprobs"]
 
 # %% auto #0
-__all__ = ['is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs', 'ComposerOfflineTrainer', 'ComposerReplicationTrainer']
+__all__ = ['ComposerOfflineTrainer', 'ComposerReplicationTrainer', 'is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs']
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #3611ef44
-_TAID_FILE = "taid_scheduler.json"
+_REFERENCE_KEYWORDS = ("alpha_sdpo", "beta_replay", "sdpo_jsd_beta", "sdpo_temperature", "sdpo_token_clip", "replay_dpo_beta")  # both trainers' explicit loss parameters (API reference §10)
+_REFERENCE_DEFAULTS = {k: getattr(LossConfig(), k) for k in _REFERENCE_KEYWORDS}
 
-def _trainer_loss_config(loss_config, kwargs, where):
-    "The trainer's LossConfig: `loss_config`, or one built from the loss options among `kwargs` (removed from it); never both."
-    options = {k: kwargs.pop(k) for k in LOSS_OPTIONS if k in kwargs}
-    if loss_config is None: return LossConfig(**options)
-    if not isinstance(loss_config, LossConfig):
-        raise TypeError(f"{where}: loss_config must be a LossConfig, got {type(loss_config).__name__} (LossConfig.from_dict reads a dict)")
-    if options: raise TypeError(f"{where} got loss_config= and the loss options {sorted(options)}: pass one or the other "
-                                "(loss_config.replace(...) changes a config)")
-    return loss_config
+def _trainer_loss_config(loss_config, scope:dict, kwargs:dict, where:str) -> LossConfig:
+    "The trainer's one LossConfig, by `loss._loss_config`: `loss_config`, or the loss options (the reference keywords in `scope` not at their defaults, and any other LossConfig option in `kwargs`, taken out of it); never both."
+    options = {k: scope[k] for k in _REFERENCE_KEYWORDS if scope[k] != _REFERENCE_DEFAULTS[k]}
+    options |= {k: kwargs.pop(k) for k in LOSS_OPTIONS if k in kwargs}
+    return _loss_config(loss_config, options, where, name="loss_config")
 
 def _check_trainer_config(config, where):
     "What a config cannot mean in a trainer: a fixed TAID t (the scheduler drives it)."
@@ -54,152 +54,6 @@ def _windowed(dataset, collator):
         return collator.windows(dataset)
     return dataset
 
-def _mean(vals:list) -> float:
-    "The mean of logged channel values (detached tensors or floats), one host transfer for all of them."
-    return float(torch.stack([torch.as_tensor(v, dtype=torch.float32).detach().cpu() for v in vals]).mean())
-
-def is_adapter_model(model) -> bool:
-    "Whether `model` is a peft model: its adapters train, and `model.disable_adapter()` gives back the frozen base weights."
-    return callable(getattr(model, "disable_adapter", None)) and isinstance(getattr(model, "peft_config", None), Mapping)
-
-def loss_view(model:torch.nn.Module) -> torch.nn.Module:
-    "What the loss functions score: a peft model's adapted base model (its LoRA layers in place, so hidden states and the LM head are the usual ones), else `model`."
-    return model.get_base_model() if is_adapter_model(model) else model
-
-def adapter_free_ref_logprobs(model:torch.nn.Module, # a peft model (`is_adapter_model`): its base weights are the DPO reference
-                              batch:dict, # a collated batch; unchanged if it has no DPO pairs
-                              chunk_size:int|None=None, # score chunk by chunk from hidden states
-                             ) -> dict:
-    "`precompute_ref_logprobs` with the adapters switched off: the reference is the base model, no second copy of its weights."
-    if not is_adapter_model(model): raise TypeError(f"adapter_free_ref_logprobs needs a peft model (with adapters), got {type(model).__name__}")
-    was = model.training
-    model.eval()   # the reference is scored as a frozen model: no adapter or base dropout
-    try:
-        with model.disable_adapter(): return precompute_ref_logprobs(loss_view(model), dict(batch), chunk_size=chunk_size)
-    finally: model.train(was)
-
-def _inside_forward(wrapper, module, fn):
-    "`fn()` run as `wrapper`'s forward pass (DDP arms its gradient hooks, FSDP gathers the root's parameters); `fn()` alone when nothing wraps or hooks `module`."
-    if wrapper is module and not (module._forward_pre_hooks or module._forward_hooks): return fn()   # FSDP2 shards in place: its hooks are on the module
-    own = module.__dict__.get("forward")   # accelerate may have put a wrapped forward (autocast) on the instance
-    def restore():
-        if own is None: module.__dict__.pop("forward", None)
-        else: module.forward = own
-    def forward(*a, **k):
-        restore()            # the inner calls of `fn` reach the module's real forward
-        return fn()
-    module.forward = forward
-    try: return wrapper()
-    finally: restore()
-
-class _ChannelMixin:
-    "What both trainers share: the loss configuration, the reference, per-channel metrics, the TAID scheduler, the counts across processes."
-    def _init_channels(self, model, config:LossConfig, *, ref_model, taid_scheduler):
-        self.loss_config = config
-        self.alpha_sdpo, self.beta_replay = config.alpha_sdpo, config.beta_replay
-        self.chunk_size, self.taid_scheduler = config.chunk_size, taid_scheduler
-        self._needs_reference = REPLAY_CRITERIA[config.dpo_variant].needs_reference
-        self._ref_model = ref_model
-        self.reference = "none" if not (self._needs_reference and self.beta_replay > 0) else "ref_model" if ref_model is not None else \
-                         "adapters disabled" if is_adapter_model(model) else "frozen copy"
-        if self.reference == "frozen copy": self._ref_model = copy.deepcopy(model)   # the initial policy, frozen
-        if self._ref_model is not None:  # frozen, on the device the model trains on
-            self._ref_model.requires_grad_(False).eval().to(next(model.parameters()).device)
-        self._channel_metrics, self._last_sdpo = defaultdict(list), None   # detached tensors: read as floats at logging time only
-
-    def _taid_t(self):
-        if self.loss_config.sdpo_wrapper != "taid": return None
-        if self.taid_scheduler is None:  # the run's length: max_steps, or what Trainer derived from the epochs
-            steps = self.args.max_steps if self.args.max_steps > 0 else self.state.max_steps
-            self.taid_scheduler = TAIDScheduler(num_train_steps=max(int(steps), 1))
-        return self.taid_scheduler.t
-
-    def _with_ref_logprobs(self, batch:dict, model=None) -> dict:
-        "The batch with DPO reference log-probs filled in when the DPO channel needs them and they are missing."
-        if (self._needs_reference and self.beta_replay > 0 and "dpo_chosen_input_ids" in batch
-                and "dpo_chosen_ref_logprobs" not in batch):
-            if self._ref_model is not None: return precompute_ref_logprobs(self._ref_model, dict(batch), chunk_size=self.chunk_size)
-            return adapter_free_ref_logprobs(self.accelerator.unwrap_model(model if model is not None else self.model), batch, self.chunk_size)
-        return batch
-
-    def _step_config(self) -> LossConfig:
-        "This step's loss configuration: the trainer's, with TAID's current t filled in."
-        t = self._taid_t()
-        return self.loss_config if t is None else self.loss_config.replace(taid_t=t)
-
-    @property
-    def _world(self) -> int: return self.accelerator.num_processes
-
-    def _global_sum(self, t:torch.Tensor) -> torch.Tensor:
-        "`t` summed over the processes (itself in one process); every process must call it at the same point."
-        if self._world == 1: return t
-        return self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
-
-    def _batch_counts(self, batch:Mapping) -> torch.Tensor:
-        "(3,) float64: what each channel averages over in this batch: response tokens (channel 1), SDPO targets, DPO pairs."
-        n = torch.zeros(3, dtype=torch.float64)
-        rm = batch.get("response_mask")
-        if isinstance(rm, torch.Tensor) and rm.dim() == 2: n[0] = float((rm[:, 1:] != 0).sum())
-        tm, sm = batch.get("sdpo_loss_mask"), batch.get("sdpo_student_mask")
-        if self.alpha_sdpo != 0 and isinstance(tm, torch.Tensor) and batch.get("ctx_teacher_input_ids") is not None:
-            ids = batch.get("input_ids")
-            if sm is not None or (isinstance(ids, torch.Tensor) and tuple(batch["ctx_teacher_input_ids"].shape) == tuple(ids.shape)):
-                n[1] = float((tm != 0).sum())
-        ch = batch.get("dpo_chosen_input_ids")
-        if self.beta_replay != 0 and isinstance(ch, torch.Tensor): n[2] = float(ch.shape[0])
-        return n
-
-    def _stand_ins(self, batch:Mapping, needed:torch.Tensor) -> dict:
-        "`batch` with zero-weight stand-ins for the channels `needed` (global counts > 0) that it lacks: under FSDP every process must run the same forwards."
-        b, ids = dict(batch), batch["input_ids"]
-        have = self._batch_counts(batch)
-        if needed[1] > 0 and have[1] == 0 and self.alpha_sdpo != 0:   # the teacher's forward, on the student's own row, no target
-            b.update(ctx_teacher_input_ids=ids, sdpo_loss_mask=torch.zeros_like(ids)); b.pop("sdpo_student_mask", None)
-            if batch.get("attention_mask") is not None: b["ctx_teacher_attention_mask"] = batch["attention_mask"]
-            else: b.pop("ctx_teacher_attention_mask", None)
-        if needed[2] > 0 and have[2] == 0 and self.beta_replay != 0:  # a pair of the first row with empty responses (and its reference)
-            for side in ("chosen", "rejected"):
-                b[f"dpo_{side}_input_ids"], b[f"dpo_{side}_response_mask"] = ids[:1], torch.zeros_like(ids[:1])
-                for k in (f"dpo_{side}_attention_mask", f"dpo_{side}_ref_logprobs"): b.pop(k, None)
-        return b
-
-    def _global_share(self, local:torch.Tensor, total:torch.Tensor) -> torch.Tensor:
-        "(3,) this process's share of each channel's global count, times the number of processes (DDP averages the gradients)."
-        return torch.where(total > 0, local / total.clamp_min(1), torch.zeros_like(local)) * self._world
-
-    def _log_channels(self, logs:dict) -> dict:
-        "`logs` with each channel's average since the last log, averaged over the processes (one collective, every process calls it)."
-        if not (self._channel_metrics and "loss" in logs): return logs
-        keys = sorted(self._channel_metrics)
-        vals = torch.tensor([_mean(self._channel_metrics[k]) for k in keys], dtype=torch.float64)
-        vals = self._global_sum(vals) / self._world
-        self._channel_metrics.clear()
-        return {**logs, **{k: float(v) for k, v in zip(keys, vals)}}
-
-class _TAIDCallback(TrainerCallback):
-    "Update the TAID scheduler after each optimizer step (with the step's SDPO loss over all processes); save it into every checkpoint."
-    def __init__(self, trainer): self.trainer = trainer
-    def on_step_end(self, args, state, control, **kw):
-        tr = self.trainer
-        if tr.taid_scheduler is not None and tr._last_sdpo is not None:
-            v = tr._global_sum(torch.as_tensor(tr._last_sdpo, dtype=torch.float64).detach().cpu().reshape(1)) / tr._world
-            tr.taid_scheduler.update_t(v[0].float(), global_step=state.global_step)
-    def on_save(self, args, state, control, **kw):
-        tr = self.trainer
-        if tr.taid_scheduler is None or not state.is_world_process_zero: return
-        d = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, _TAID_FILE), "w") as f: json.dump(tr.taid_scheduler.state_dict(), f)
-
-def _resume_taid(trainer, resume_from_checkpoint):
-    "Restore the TAID scheduler from the checkpoint `train` resumes from (if it saved one)."
-    ckpt = resume_from_checkpoint
-    if ckpt is True: ckpt = get_last_checkpoint(trainer.args.output_dir)
-    if not ckpt: return
-    path = os.path.join(ckpt, _TAID_FILE)
-    if os.path.exists(path):
-        trainer._taid_t()  # make the scheduler if the wrapper needs one
-        with open(path) as f: trainer.taid_scheduler.load_state_dict(json.load(f))
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #c31b1212
 _DILOCO_FILE = "diloco_state.pt"
@@ -340,12 +194,18 @@ class _DiLoCoMixin:
 class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
     "Three-channel training without a reward function: LM cross-entropy + α·SDPO + β·trace-replay, via `compose_loss`."
     def __init__(self, model=None, args=None, *more,
-                 loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options below)
+                 alpha_sdpo:float=0.1, # weight of the SDPO channel (2); 0 disables it
+                 beta_replay:float=0.05, # weight of the trace-replay channel (3); 0 disables it
+                 sdpo_jsd_beta:float=0.5, # JSD beta of channel 2: 0 forward KL, 0.5 JSD, 1 reverse KL
+                 sdpo_temperature:float=1.0, # softmax temperature of channel 2
+                 sdpo_token_clip:float|None=None, # per-token JSD clamp of channel 2
+                 replay_dpo_beta:float=0.1, # DPO beta of channel 3
+                 loss_config:LossConfig|None=None, # every loss option at once, instead of the keywords (leave those at their defaults)
                  ref_model=None, # frozen DPO reference (default: the model with its adapters disabled if it is a peft model, else a frozen copy)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
                  diloco:Mapping[str, Any]|None=None, # make_diloco_outer_loop's keyword arguments and its 'manager': train under DiLoCo
-                 **kwargs): # Trainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ... (LossConfig's fields)
-        config = _check_trainer_config(_trainer_loss_config(loss_config, kwargs, "ComposerOfflineTrainer"), "ComposerOfflineTrainer")
+                 **kwargs): # Trainer's arguments; LossConfig's other options as keywords too (dpo_variant=, sdpo_wrapper=, chunk_size=, ...)
+        config = _check_trainer_config(_trainer_loss_config(loss_config, locals(), kwargs, "ComposerOfflineTrainer"), "ComposerOfflineTrainer")
         dl = _diloco_settings(diloco, "ComposerOfflineTrainer")
         if args is not None: args.remove_unused_columns = False
         for k in ("train_dataset", "eval_dataset"):   # long traces become windows that fit (CollatorConfig.windows)
@@ -428,17 +288,23 @@ def _trace_shards(n:int, # traces in the dataset
 class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
     "TRL `GRPOTrainer` whose loss is GRPO + α·SDPO + β·trace-replay DPO, the trace channels fed by a side iterator."
     def __init__(self, *args,
-                 loss_config:LossConfig|None=None, # every loss option (default: LossConfig() or the keyword options)
+                 alpha_sdpo:float=0.1, # weight of the SDPO channel (2); 0 disables it
+                 beta_replay:float=0.05, # weight of the trace-replay channel (3); 0 disables it
+                 sdpo_jsd_beta:float=0.5, # JSD beta of channel 2: 0 forward KL, 0.5 JSD, 1 reverse KL
+                 sdpo_temperature:float=1.0, # softmax temperature of channel 2
+                 sdpo_token_clip:float|None=None, # per-token JSD clamp of channel 2
+                 replay_dpo_beta:float=0.1, # DPO beta of channel 3
+                 loss_config:LossConfig|None=None, # every loss option at once, instead of the keywords (leave those at their defaults)
                  trace_dataset:Sequence[dict]|None=None, # TraceExamples feeding channels 2 and 3
                  data_collator:ComposerDataCollator|None=None, # collates trace batches (required with trace_dataset)
                  trace_batch_size:int=2, # traces per micro-batch and process
                  ref_model=None, # frozen DPO reference (default: the model with its adapters disabled if it is a peft model, else a frozen copy)
                  taid_scheduler:TAIDScheduler|None=None, # drives TAID's t
                  diloco:Mapping[str, Any]|None=None, # make_diloco_outer_loop's keyword arguments and its 'manager': train under DiLoCo
-                 **kwargs): # GRPOTrainer's arguments, and/or the loss options as keywords: alpha_sdpo=, beta_replay=, ...
+                 **kwargs): # GRPOTrainer's arguments; LossConfig's other options as keywords too (dpo_variant=, chunk_size=, ...)
         if not _TRL_AVAILABLE: raise ImportError("ComposerReplicationTrainer needs trl: pip install composer-replication[trl]")
         where = "ComposerReplicationTrainer"
-        config = _check_trainer_config(_trainer_loss_config(loss_config, kwargs, where), where)
+        config = _check_trainer_config(_trainer_loss_config(loss_config, locals(), kwargs, where), where)
         if config.lm_ce_label_smoothing != 0:
             raise ValueError(f"{where}: lm_ce_label_smoothing has no effect here (channel 1 is GRPO, not cross-entropy); leave it 0, "
                              f"got {config.lm_ce_label_smoothing}")

@@ -45,5 +45,7 @@ setuptools.setup(
     entry_points={
         "console_scripts": cfg.get("console_scripts", "").split(),
         "nbdev": [f"{cfg['lib_name']}={cfg['lib_name']}._modidx:d"],
+        # the built-in plugins: settings.ini's `plugins_KIND` keys, group composer_replication.KIND (composer_replication.plugins)
+        **{f"{cfg['lib_name']}.{k[len('plugins_'):]}": v.split() for k, v in cfg.items() if k.startswith("plugins_")},
     },
 )

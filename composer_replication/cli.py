@@ -18,8 +18,8 @@ from pathlib import Path
 import orjson
 
 # %% auto #0
-__all__ = ['TRL_COLUMNS', 'info', 'check_device', 'build_parser', 'main', 'replay_plan', 'format_plan', 'trl_preference_rows',
-           'write_trl_dataset']
+__all__ = ['PLAN_KEY', 'TRL_COLUMNS', 'info', 'check_device', 'build_parser', 'main', 'replay_plan', 'format_plan',
+           'trl_preference_rows', 'write_trl_dataset']
 
 # %% ../nbs/41_cli.ipynb #99f3105e
 _STACKS = {"trl": ["trl", "datasets"], "diloco": ["torchft"], "dj": ["data_juicer"], "peft": ["peft"]}  # extra -> modules it provides
@@ -133,8 +133,10 @@ def _cmd_eval(args) -> int:
                         windows=args.windows, greedy=args.greedy, stop_at_first_call=args.first_call)
 
 def _sources() -> list[str]:
+    "The trace sources `--source` takes by name: auto, the registered ones, and those installed packages declare as entry points."
     from composer_replication.ingestion.core import TRACE_SOURCES
-    return ["auto", *TRACE_SOURCES]
+    from composer_replication.plugins import plugin_names
+    return ["auto", *plugin_names("trace_sources", TRACE_SOURCES)]
 
 def build_parser() -> argparse.ArgumentParser:
     "The `composer-replication` argument parser, one subparser per subcommand."
@@ -148,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("ingest", help="turn agent sessions (Claude Code, Codex CLI) into TraceState JSONL",
                        epilog="example: composer-replication ingest ~/.claude/projects/my-repo --out states.jsonl")
     s.add_argument("src", help="a session .jsonl file or a project folder (Claude Code), or a rollout-*.jsonl or sessions folder (Codex CLI)")
-    s.add_argument("--source", choices=_sources(), default="auto", help="the trace source (default: auto, detected from the file)")
+    s.add_argument("--source", default="auto", help=f"the trace source: {', '.join(_sources())}, or package.module:Class "
+                                                   "(default: auto, detected from the file)")
     s.add_argument("--out", required=True, help="where to write the states (JSONL)")
     s.add_argument("--subagents", action="store_true", help="also ingest subagent transcripts as their own traces")
     s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
@@ -241,6 +244,7 @@ def main(argv:list[str]|None=None, # the arguments (default: sys.argv[1:])
 
 # %% ../nbs/41_cli.ipynb #0daae62f
 _CHARS_PER_TOKEN = 4   # the expected-cost estimate: about 4 bytes of English or code per token of a BPE tokenizer
+PLAN_KEY = "dry-run-placeholder-key"   # what a plan's provider is made with: a dry run never reads a key
 
 def replay_plan(states:list[dict], # the trace to replay
                 teachers:list[dict], # TeacherSpecs with prices
@@ -248,32 +252,29 @@ def replay_plan(states:list[dict], # the trace to replay
                 base_url:str|None=None, # the server (None: OPENROUTER_BASE_URL from the environment, else OpenRouter)
                 max_tokens:int=1024, # the reply cap the replay sends
                 journal:str|os.PathLike|None=None, # a replay journal: the (state, teacher) calls it holds answered are not counted
+                endpoint=None, # the Provider that will send (`make_provider`); None: the one `replay_trace` picks for `base_url`
                ) -> list[dict]: # per teacher: slug, calls, done, worst_usd, expected_usd, prompt_tokens, completion_tokens
     "What a replay would send, before anything is sent: per teacher the calls, the worst case the budget reserves, and an expected cost."
-    from composer_replication.teacher_replay import (DEFAULT_INSTRUCTION, OPENROUTER_BASE_URL, OpenRouterProvider, check_states,
-                                                     check_teachers, openai_messages, request_body, tool_specs, worst_case_usd)
+    from composer_replication.teacher_replay import check_states, check_teachers, make_provider, request_bodies, worst_case_usd
     from composer_replication.teacher_replay.journal import scan_journal
     states, teachers = check_states(states), check_teachers(teachers)
-    url = base_url or os.environ.get("OPENROUTER_BASE_URL") or OPENROUTER_BASE_URL
-    routing = dict(OpenRouterProvider.DEFAULT_ROUTING) if OpenRouterProvider.is_openrouter(url) else None  # what replay_trace's provider adds
+    if endpoint is None: endpoint = make_provider(None, base_url, api_key=PLAN_KEY)   # no key is read to plan
     done = set()
     if journal is not None and Path(journal).exists():
         rows, _, _ = scan_journal(journal)
         done = {(r["state_id"], r["teacher_slug"]) for r in rows if r.get("error") is None and isinstance(r.get("response_text"), str)}
-    tools = tool_specs(states)
     plan = {t["slug"]: {"slug": t["slug"], "calls": 0, "done": 0, "worst_usd": 0.0, "expected_usd": 0.0, "prompt_tokens": 0,
                         "completion_tokens": 0} for t in teachers}
     for s in states:
-        msgs = openai_messages(s["messages"], DEFAULT_INSTRUCTION)
+        for t in teachers: plan[t["slug"]]["done"] += (s["state_id"], t["slug"]) in done
+    for i, j, body in request_bodies(states, teachers, endpoint, max_tokens=max_tokens, skip=done):   # the bodies the provider sends
+        s, t = states[i], teachers[j]
+        p, n = plan[t["slug"]], len(body)
         reply = min(max_tokens, max(1, math.ceil(len(s["student_action"].encode()) / _CHARS_PER_TOKEN)))  # a teacher's next action ~ the student's
-        for t in teachers:
-            p = plan[t["slug"]]
-            if (s["state_id"], t["slug"]) in done: p["done"] += 1; continue
-            n = len(orjson.dumps(request_body(msgs, t, max_tokens=max_tokens, tools=tools, routing=routing)))
-            prompt = math.ceil(n / _CHARS_PER_TOKEN)
-            p["calls"] += 1; p["prompt_tokens"] += prompt; p["completion_tokens"] += reply
-            p["worst_usd"] += worst_case_usd(n, t, max_tokens)
-            p["expected_usd"] += (prompt * t["input_per_mtok"] + reply * t["output_per_mtok"]) / 1e6
+        prompt = math.ceil(n / _CHARS_PER_TOKEN)
+        p["calls"] += 1; p["prompt_tokens"] += prompt; p["completion_tokens"] += reply
+        p["worst_usd"] += worst_case_usd(n, t, max_tokens)
+        p["expected_usd"] += (prompt * t["input_per_mtok"] + reply * t["output_per_mtok"]) / 1e6
     return list(plan.values())
 
 def format_plan(plan:list[dict], # from `replay_plan`
@@ -386,10 +387,31 @@ def _given_prices(spec:str, teachers:list[dict]) -> list[dict]:
     given = {it.partition("@")[0].strip() for it in spec.split(",") if "@" in it and not it.strip().lower().startswith(("http://", "https://"))}
     return [{**t, "trust_reported_cost": False} if t["slug"] in given else t for t in teachers]
 
-def _env_scrubber():
-    "The key scrubber for the OpenRouter key in the environment (a last line of defence for what a command writes)."
+def _env_scrubber(key:str|None=None):
+    "The key scrubber for the OpenRouter key in the environment and `key` (a last line of defence for what a command writes)."
     from composer_replication.teacher_replay import key_scrubber
-    return key_scrubber(os.environ.get("OPENROUTER_API_KEY", "").strip() or None)
+    a, b = key_scrubber(os.environ.get("OPENROUTER_API_KEY", "").strip() or None), key_scrubber(key)
+    return lambda v: b(a(v))
+
+def _replay_spec(args):
+    "The replay's teachers, provider, key variable and budget: the flags, over the `replay:` section of the --config recipe."
+    from types import SimpleNamespace
+    from composer_replication.teacher_replay import check_env_name
+    keys = ("teachers", "provider", "api_key_env", "max_usd")
+    rec = {}
+    if args.config is not None:
+        from composer_replication.recipe import load_recipe
+        rec = vars(load_recipe(args.config).replay)
+    spec = SimpleNamespace(**{k: getattr(args, k) if getattr(args, k) is not None else rec.get(k) for k in keys})
+    if spec.teachers is None: raise ValueError("--teachers is required (or replay.teachers in the --config recipe)")
+    if spec.max_usd is None: raise ValueError("--max-usd is required (or replay.max_usd in the --config recipe)")
+    if spec.api_key_env is not None: check_env_name(spec.api_key_env, "--api-key-env")
+    return spec
+
+def _endpoint(spec, base, key):
+    "The provider the replay sends through (`make_provider`): `spec.provider` by name, else the one for the URL."
+    from composer_replication.teacher_replay import make_provider
+    return make_provider(spec.provider, base, key)
 
 async def _until_signalled(replay, got:list):
     "Run `replay(stop)`; the first SIGINT/SIGTERM sets `stop` (the calls in flight are awaited and recorded), a second cancels."
@@ -419,21 +441,29 @@ def _cmd_replay(args) -> int:
         journal, prev, summary_path = out/"teacher_calls.jsonl", out/"states.jsonl", out/"replay_summary.json"
         for what, p in (("the journal", journal), ("the summary", summary_path), ("the lock", Path(f"{journal}.lock"))):
             if _same_path(args.states, p): raise ValueError(f"STATES {args.states} is {what} replay writes in --out: pass the states file")
+        spec = _replay_spec(args)
         states = _read_states(args.states)
-        base, teachers = parse_teachers(args.teachers)
-        teachers = _given_prices(args.teachers, teachers)
-        max_usd = _usd(args.max_usd)
+        base, teachers = parse_teachers(spec.teachers)
+        teachers = _given_prices(spec.teachers, teachers)
+        max_usd = _usd(spec.max_usd)
         for flag, v in (("--max-tokens", args.max_tokens), ("--concurrency", args.concurrency), ("--max-tool-calls", args.max_tool_calls)):
             _int_at_least(flag, v, 1)
         if out.exists() and not out.is_dir(): raise ValueError(f"--out {args.out} exists and is not a folder")
         check_journal(journal, states, teachers)       # another run's journal: refused before anything is written
-        plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal)
+        plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal,
+                           endpoint=_endpoint(spec, base, PLAN_KEY))          # the bodies this provider sends, priced; no key read
     except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
     if args.dry_run or not args.quiet: print(format_plan(plan, max_usd))
     if args.dry_run: print("dry run: nothing was sent"); return 0
-    if base is None and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
+    if spec.api_key_env is None and spec.provider is None and base is None and not os.environ.get("OPENROUTER_BASE_URL") \
+            and not os.environ.get("OPENROUTER_API_KEY", "").strip():
         return _fail("--teachers: OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)")
-    scrub = _env_scrubber()
+    from composer_replication.teacher_replay import api_key_from_env
+    try:                                                # the key, read now that the requests are about to be sent
+        key = api_key_from_env(spec.api_key_env, "--api-key-env") if spec.api_key_env is not None else None
+        endpoint = _endpoint(spec, base, key)
+    except (ValueError, TypeError, RuntimeError) as e: return _fail(e)
+    scrub = _env_scrubber(endpoint.api_key)
     trace = [scrub(redact_state(s)) for s in states]           # what `pairs` reads: redacted again, the key scrubbed
 
     def same_trace():
@@ -461,16 +491,16 @@ def _cmd_replay(args) -> int:
         try:
             if rewrite: write_jsonl(prev, trace)    # first: `pairs DIR` reads the trace beside its journal
         except OSError as e: return _fail(f"--out: cannot write {prev}: {e.strerror or e}")
-        return _replay_locked(args, states, teachers, base, max_usd, plan, out, journal, prev, summary_path)
+        return _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal, prev, summary_path)
     finally: lock.__exit__(None, None, None)
 
-def _replay_locked(args, states, teachers, base, max_usd, plan, out, journal, prev, summary_path) -> int:
+def _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal, prev, summary_path) -> int:
     import asyncio, signal
     from composer_replication.teacher_replay import JournalWriteError, TeacherReplayError, replay_trace
     _stage("replaying")
     got, prog = [], "composer-replication replay"
     def replay(stop):
-        return replay_trace(states, teachers, max_usd, base_url=base, journal=journal, max_tokens=args.max_tokens,
+        return replay_trace(states, teachers, max_usd, endpoint=endpoint, journal=journal, max_tokens=args.max_tokens,
                             max_concurrency=args.concurrency, max_tool_calls=args.max_tool_calls, progress=False, stop=stop)
     def interrupted(res=None):
         name, code = ("SIGTERM", 143) if got and got[0] == signal.SIGTERM else ("SIGINT", 130)
@@ -562,9 +592,16 @@ def _add_stage_parsers(sub):
                               "--max-usd 2 --out replay/   (add --dry-run to see the calls and their cost first; "
                               "a self-hosted server: --teachers http://127.0.0.1:8000/v1,qwen2.5-7b,llama3.1-8b)")
     s.add_argument("states", help="TraceState JSONL (from `composer-replication ingest`)")
-    s.add_argument("--teachers", required=True, help="2 or more OpenRouter slugs (slug@in/out for prices, USD per million tokens), "
-                                                    "or a base URL then model names, comma-separated")
-    s.add_argument("--max-usd", type=float, required=True, help="budget in USD over the run, journaled spend included; never exceeded")
+    s.add_argument("--teachers", default=None, help="2 or more OpenRouter slugs (slug@in/out for prices, USD per million tokens), "
+                                                   "or a base URL then model names, comma-separated (required unless --config gives them)")
+    s.add_argument("--max-usd", type=float, default=None, help="budget in USD over the run, journaled spend included; never exceeded "
+                                                              "(required unless --config gives it)")
+    s.add_argument("--provider", default=None, help="the provider that sends: openrouter, openai-compatible, an installed entry point "
+                                                   "or package.module:Class (default: by the URL)")
+    s.add_argument("--api-key-env", default=None, metavar="VAR", help="the environment variable holding the server's API key, read when "
+                                                                     "the requests are sent (default: OPENROUTER_API_KEY for OpenRouter, no key elsewhere)")
+    s.add_argument("--config", default=None, metavar="RECIPE.yaml", help="take --teachers, --provider, --api-key-env and --max-usd from "
+                                                                        "the recipe's replay: section (a flag given wins)")
     s.add_argument("--out", required=True, help="folder for states.jsonl, teacher_calls.jsonl (the journal) and replay_summary.json; "
                                                "rerunning with the same folder resumes without paying twice")
     s.add_argument("--dry-run", action="store_true", help="print the calls and the worst-case and expected cost per teacher; send nothing")

@@ -20,6 +20,7 @@ from torch import Tensor
 from .checks import (
     check_choice, check_int_tensor, check_logps, check_number,
     check_positive_int, check_range, check_tensor, check_unit_interval, value_range)
+from .plugins import resolve_plugin
 from .opsd import generalized_jsd_loss, linear_generalized_jsd_loss
 from .distillation import simpo_loss, avg_sequence_logprob, taid_loss, entropy_aware_opd_loss
 from .distillation.taid import taid_per_token
@@ -30,9 +31,9 @@ _all_ = ["token_logprobs", "sequence_logprobs", "linear_cross_entropy", "linear_
 
 # %% auto #0
 __all__ = ['SDPO_CRITERIA', 'REPLAY_CRITERIA', 'LOSS_OPTIONS', 'SDPO_KEYS', 'DPO_KEYS', 'DPO_REF_KEYS', 'dpo_loss',
-           'sdpo_alignment', 'ReplayCriterion', 'LossConfig', 'LossComponents', 'model_sequence_logprobs',
-           'sdpo_channel_loss', 'replay_channel_loss', 'compose_loss', 'token_logprobs', 'sequence_logprobs',
-           'linear_cross_entropy', 'linear_token_logprobs', 'linear_pair_loss']
+           'sdpo_alignment', 'SDPOCriterion', 'ReplayCriterion', 'LossConfig', 'LossComponents',
+           'model_sequence_logprobs', 'sdpo_channel_loss', 'replay_channel_loss', 'compose_loss', 'token_logprobs',
+           'sequence_logprobs', 'linear_cross_entropy', 'linear_token_logprobs', 'linear_pair_loss']
 
 # %% ../nbs/06b_loss.ipynb #ba44356a
 def dpo_loss(
@@ -96,11 +97,18 @@ def _sdpo_entropy_opd(student, teacher, config, lm_head=None):
 
 SDPO_CRITERIA = {"none": _sdpo_jsd, "taid": _sdpo_taid, "entropy_opd": _sdpo_entropy_opd}
 
+class SDPOCriterion(NamedTuple):
+    "A channel-2 criterion with options of its own (a plain function is a criterion without); called like its `fn`."
+    fn: Callable # (student (N, V) logits or (N, d) hidden, teacher the same, config, lm_head=None) -> ()
+    options: abc.Mapping|type|None = None # a dict of defaults or a dataclass; the config's sdpo_options, checked and filled in
+    def __call__(self, *args, **kwargs): return self.fn(*args, **kwargs)
+
 class ReplayCriterion(NamedTuple):
     "A channel-3 criterion: the loss function and what it needs from the batch."
     fn: Callable # (chosen_logps (P,), rejected_logps (P,), ref_chosen_logps (P,)|None, ref_rejected_logps (P,)|None, config) -> ()
     average: bool = False # score a response by its mean token log-prob (length-normalized) instead of the sum
     needs_reference: bool = True # needs dpo_{chosen,rejected}_ref_logprobs (a frozen reference model)
+    options: abc.Mapping|type|None = None # a dict of defaults or a dataclass; the config's replay_options, checked and filled in
 
 def _replay_dpo(chosen, rejected, ref_chosen, ref_rejected, config):
     "Sigmoid DPO against the precomputed reference log-probs."
@@ -110,11 +118,39 @@ def _replay_simpo(chosen, rejected, ref_chosen, ref_rejected, config):
     "Reference-free SimPO on length-normalized log-probs."
     return simpo_loss(chosen, rejected, beta=config.simpo_beta, gamma=config.simpo_gamma)
 
-REPLAY_CRITERIA = {"dpo": ReplayCriterion(_replay_dpo), "simpo": ReplayCriterion(_replay_simpo, average=True, needs_reference=False)}
+_dpo, _simpo = ReplayCriterion(_replay_dpo), ReplayCriterion(_replay_simpo, average=True, needs_reference=False)  # (setup.py's entry points)
+REPLAY_CRITERIA = {"dpo": _dpo, "simpo": _simpo}
+
+_CHANNEL_KIND = {"sdpo_wrapper": "sdpo_criteria", "dpo_variant": "replay_criteria"}   # option -> plugins.PLUGIN_GROUPS kind
 
 def _criterion(registry, name, option):
-    "The registry entry for `name`, or the ValueError a LossConfig gives (also for a variant removed after the config was made)."
-    return registry[check_choice(name, option, registry)]
+    "The criterion `name` names (registered, `module:attr` or an entry point), registered under `name`; else the ValueError a LossConfig gives."
+    c = resolve_plugin(name, _CHANNEL_KIND[option], registry, what=option)
+    replay_like = all(hasattr(c, a) for a in ReplayCriterion._fields)   # a ReplayCriterion (by its fields: the class may be another import's)
+    if option == "sdpo_wrapper" and (replay_like or not callable(c)):
+        raise TypeError(f"sdpo_wrapper {name!r} names a {type(c).__name__}, not a channel-2 criterion: a function "
+                        "fn(student, teacher, config, lm_head=None) or an SDPOCriterion" + (" (a ReplayCriterion is a dpo_variant)" if replay_like else ""))
+    if option == "dpo_variant" and not replay_like:
+        raise TypeError(f"dpo_variant {name!r} names a {type(c).__name__}, not a ReplayCriterion(fn, average=..., needs_reference=...)")
+    registry.setdefault(name, c)
+    return c
+
+def _criterion_options(criterion, given, where, name):
+    "The criterion's declared options, `given` over their defaults; a ValueError naming the criterion for an unknown or bad one."
+    decl = getattr(criterion, "options", None)   # SDPOCriterion.options, ReplayCriterion.options; a plain function has none
+    given = {} if given is None else given
+    if not isinstance(given, abc.Mapping): raise TypeError(f"{where} must be a dict of the criterion's options, got {type(given).__name__}")
+    if decl is None:
+        if given: raise ValueError(f"{where}: the criterion {name!r} declares no options, got {sorted(given, key=repr)}")
+        return {}
+    is_dc = isinstance(decl, type) and dataclasses.is_dataclass(decl)
+    if not (is_dc or isinstance(decl, abc.Mapping)): raise TypeError(f"the criterion {name!r} declares its options as a {type(decl).__name__}: use a dict of defaults or a dataclass")
+    names = [f.name for f in dataclasses.fields(decl) if f.init] if is_dc else list(decl)
+    if (bad := _unknown(given, names)):
+        raise ValueError(f"{where}: unknown option(s) {bad} for the criterion {name!r}{_did_you_mean(bad, names)}; its options are {names}")
+    if not is_dc: return {**decl, **given}
+    try: return dataclasses.asdict(decl(**given))
+    except (TypeError, ValueError) as e: raise ValueError(f"{where}: the criterion {name!r}: {e}") from None
 
 # %% ../nbs/06b_loss.ipynb #87a9dbce
 _RANGES = {  # numeric options: (low, high, low allowed, high allowed, None allowed)
@@ -134,17 +170,20 @@ class LossConfig:
     sdpo_token_clip: float|None = None # per-token JSD clamp
     replay_dpo_beta: float = 0.1 # DPO beta
     lm_ce_label_smoothing: float = 0.0 # label smoothing of channel 1, in [0, 1)
-    dpo_variant: str = "dpo" # channel-3 criterion, a key of REPLAY_CRITERIA ("dpo", "simpo")
-    sdpo_wrapper: str = "none" # channel-2 criterion, a key of SDPO_CRITERIA ("none": the JSD, "taid", "entropy_opd")
+    dpo_variant: str = "dpo" # channel-3 criterion: a key of REPLAY_CRITERIA ("dpo", "simpo"), an entry point or "package.module:attr"
+    sdpo_wrapper: str = "none" # channel-2 criterion: a key of SDPO_CRITERIA ("none": the JSD, "taid", "entropy_opd"), an entry point or "package.module:attr"
     taid_t: float|None = None # TAID interpolation coefficient in [0, 1]; needed by compose_loss with sdpo_wrapper="taid"
     simpo_beta: float = 2.0 # SimPO beta
     simpo_gamma: float = 1.0 # SimPO target margin
     entropy_opd_h_max: float|None = None # entropy normalizer of entropy_opd; None = log(V)
     chunk_size: int|None = None # None: full logits; int: every channel chunked over tokens from hidden states
+    sdpo_options: dict|None = None # the options sdpo_wrapper's criterion declares (SDPOCriterion.options), its defaults filled in
+    replay_options: dict|None = None # the options dpo_variant's criterion declares (ReplayCriterion.options), its defaults filled in
 
     def __post_init__(self):
-        check_choice(self.dpo_variant, "dpo_variant", REPLAY_CRITERIA)
-        check_choice(self.sdpo_wrapper, "sdpo_wrapper", SDPO_CRITERIA)
+        for option, registry, opts in (("dpo_variant", REPLAY_CRITERIA, "replay_options"), ("sdpo_wrapper", SDPO_CRITERIA, "sdpo_options")):
+            name = getattr(self, option)
+            object.__setattr__(self, opts, _criterion_options(_criterion(registry, name, option), getattr(self, opts), opts, name))
         if self.taid_t is not None: object.__setattr__(self, "taid_t", check_unit_interval(self.taid_t, "taid_t"))
         check_positive_int(self.chunk_size, "chunk_size", none_ok=True)
         for k, (lo, hi, lo_closed, hi_closed, none_ok) in _RANGES.items():
@@ -152,7 +191,14 @@ class LossConfig:
 
     def to_dict(self)->dict:
         "The options as a plain dict (JSON- and YAML-ready)."
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {f.name: dict(v) if isinstance(v := getattr(self, f.name), dict) else v for f in dataclasses.fields(self)}
+
+    def __hash__(self): return hash(repr(sorted(self.to_dict().items())))   # the options dicts hashed by value
+
+    def __setstate__(self, state):
+        "Unpickled (another process): its criteria resolved and registered there too, so a name from a user's package is found."
+        self.__dict__.update(state)
+        for option, registry in (("dpo_variant", REPLAY_CRITERIA), ("sdpo_wrapper", SDPO_CRITERIA)): _criterion(registry, getattr(self, option), option)
 
     @classmethod
     def from_dict(cls,
@@ -167,11 +213,13 @@ class LossConfig:
         "A checked copy with `changes` applied."
         if (bad := _unknown(changes, LOSS_OPTIONS)):
             raise TypeError(f"LossConfig.replace() got unknown option(s) {bad}{_did_you_mean(bad, LOSS_OPTIONS)}")
+        for option, opts in (("sdpo_wrapper", "sdpo_options"), ("dpo_variant", "replay_options")):
+            if changes.get(option, getattr(self, option)) != getattr(self, option): changes.setdefault(opts, None)   # another criterion: its own defaults
         return dataclasses.replace(self, **changes)
 
 LOSS_OPTIONS = tuple(f.name for f in dataclasses.fields(LossConfig))
-_SDPO_OPTIONS = ("sdpo_jsd_beta", "sdpo_temperature", "sdpo_token_clip", "sdpo_wrapper", "taid_t", "entropy_opd_h_max", "chunk_size")
-_REPLAY_OPTIONS = ("replay_dpo_beta", "dpo_variant", "simpo_beta", "simpo_gamma", "chunk_size")
+_SDPO_OPTIONS = ("sdpo_jsd_beta", "sdpo_temperature", "sdpo_token_clip", "sdpo_wrapper", "taid_t", "entropy_opd_h_max", "chunk_size", "sdpo_options")
+_REPLAY_OPTIONS = ("replay_dpo_beta", "dpo_variant", "simpo_beta", "simpo_gamma", "chunk_size", "replay_options")
 
 def _unknown(d, allowed): return sorted(set(d) - set(allowed), key=repr)
 

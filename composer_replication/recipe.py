@@ -23,9 +23,9 @@ from .loss import LossConfig
 # %% auto #0
 __all__ = ['RECIPE_VERSION', 'MODES', 'REPORT_TO_PACKAGES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS',
            'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'TINY_BASE', 'CHANNELS', 'RecipeError', 'DataSpec', 'GRPOSpec',
-           'DiLoCoSpec', 'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml', 'save_recipe',
-           'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer', 'channel_progress',
-           'run_metrics', 'train_recipe', 'recipe_from_demo']
+           'ReplaySpec', 'DiLoCoSpec', 'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml',
+           'save_recipe', 'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer',
+           'channel_progress', 'run_metrics', 'train_recipe', 'recipe_from_demo']
 
 # %% ../nbs/27_recipe.ipynb #17eb4491
 RECIPE_VERSION = 1                  # the `version:` a recipe file carries
@@ -112,6 +112,22 @@ class GRPOSpec:
     def __post_init__(self):
         _opt_str(self.reward, "grpo.reward")
         _int(self.trace_batch_size, "grpo.trace_batch_size", 1)
+
+@dataclass
+class ReplaySpec:
+    "Who `composer-replication replay --config RECIPE` asks: the teachers, the provider that sends, the variable holding its key, the budget."
+    teachers: str|None = None     # the --teachers spec: OpenRouter slugs (slug@in/out), or a base URL then model names, comma-separated
+    provider: str|None = None     # --provider: "openrouter", "openai-compatible", an installed entry point or "package.module:attr"; null: by the URL
+    api_key_env: str|None = None  # --api-key-env: the NAME of the environment variable holding the key (the key itself is never written here)
+    max_usd: float|None = None    # --max-usd: the budget in USD, never exceeded
+
+    def __post_init__(self):
+        _opt_str(self.teachers, "replay.teachers"); _opt_str(self.provider, "replay.provider")
+        if self.api_key_env is not None:
+            from composer_replication.teacher_replay.providers import check_env_name
+            try: check_env_name(self.api_key_env, "replay.api_key_env")
+            except ValueError as e: raise RecipeError(str(e)) from None
+        self.max_usd = _num(self.max_usd, "replay.max_usd", 0, hi_open=True, none_ok=True)
 
 @dataclass
 class DiLoCoSpec:
@@ -268,6 +284,7 @@ class Recipe:
     training: dict = field(default_factory=dict)  # TrainingArguments (GRPOConfig in grpo mode) options over TRAINING_DEFAULTS
     grpo: GRPOSpec = field(default_factory=GRPOSpec)
     diloco: DiLoCoSpec = field(default_factory=DiLoCoSpec)
+    replay: ReplaySpec = field(default_factory=ReplaySpec)  # what `replay --config` reads; `train` does not
     version: int = RECIPE_VERSION # the file format's version
 
     def __post_init__(self):
@@ -286,6 +303,7 @@ class Recipe:
                 try: lora_config(self.lora)
                 except (TypeError, ValueError) as e: raise _err("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
         self.data, self.grpo, self.diloco = _section(DataSpec, self.data, "data"), _section(GRPOSpec, self.grpo, "grpo"), _section(DiLoCoSpec, self.diloco, "diloco")
+        self.replay = _section(ReplaySpec, self.replay, "replay")
         self.loss = _loss(self.loss)
         opts = _collator_options()
         col = {**opts, **_check_keys(self.collator, opts, "collator")}
@@ -310,7 +328,7 @@ class Recipe:
         return {"version": self.version, "name": self.name, "mode": self.mode, "model": self.model, "train_layers": self.train_layers, "lora": None if self.lora is None else dict(self.lora), "seed": self.seed,
                 "output_dir": self.output_dir, "data": dataclasses.asdict(self.data), "loss": self.loss.to_dict(),
                 "collator": dict(self.collator), "training": dict(self.training), "grpo": dataclasses.asdict(self.grpo),
-                "diloco": dataclasses.asdict(self.diloco)}
+                "diloco": dataclasses.asdict(self.diloco), "replay": dataclasses.asdict(self.replay)}
 
     @classmethod
     def from_dict(cls, d:abc.Mapping, # a recipe file's content

@@ -712,9 +712,26 @@ def make_ingester(source:str="auto", # a TRACE_SOURCES key, or "auto": the sourc
             raise ValueError(f"cannot tell which agent wrote {str(path)!r}: its first lines are not records of any known trace source; "
                              f"pass source= one of {valid}")
         source = found
-    elif source not in TRACE_SOURCES: raise ValueError(f"unknown source {source!r}: expected 'auto' or one of {valid}")
+    elif source not in TRACE_SOURCES: return _plugin_ingester(source, options)
     e = TRACE_SOURCES[source]
     return getattr(importlib.import_module(e.module), e.name)(**options)
+
+def _plugin_ingester(source, options):
+    "The adapter a `package.module:attr` reference or an installed entry point names (imported only now), checked to be a TraceSource."
+    from composer_replication.plugins import PLUGIN_GROUPS, PluginError, is_reference, plugin_names, resolve_plugin
+    try: cls = resolve_plugin(source, "trace_sources", TRACE_SOURCES, what="source")
+    except PluginError as e:
+        if is_reference(source): raise
+        valid = ", ".join(repr(k) for k in plugin_names("trace_sources", TRACE_SOURCES))
+        raise PluginError(f"unknown source {source!r}: expected 'auto' or one of {valid}; or a 'package.module:attr' reference to an adapter "
+                          f"class, or an entry point an installed package declares in the group {PLUGIN_GROUPS['trace_sources']!r}") from None
+    if isinstance(cls, TraceSourceEntry): cls = getattr(importlib.import_module(cls.module), cls.name)
+    if not callable(cls): raise TypeError(f"source {source!r} names a {type(cls).__name__}, not an adapter class (a TraceSource)")
+    ing = cls(**options)
+    if not isinstance(ing, TraceSource):
+        raise TypeError(f"source {source!r} made a {type(ing).__name__}, which is not a TraceSource: it needs an ingest(path) method "
+                        "and its IngestionStats in last_stats (subclass TraceSourceBase)")
+    return ing
 
 # %% ../../nbs/09_ingestion.core.ipynb #324a623c
 def _input_at(src, out):

@@ -19,10 +19,12 @@ import orjson
 
 from ..ingestion.core import as_blocks, redact_json, redact_secrets, render_action
 from .protocol import (DEFAULT_INSTRUCTION, DEFAULT_MAX_TOOL_CALLS, DEFAULT_TEACHERS,
-    INVALID_ACTION, OPENROUTER_BASE_URL, RETRY_STATUSES, DPOPair, OpenAICompatibleProvider, OpenRouterProvider, Provider,
+    INVALID_ACTION, RETRY_STATUSES, DPOPair,
     TeacherCallResult, TeacherSpec, TraceState, action_problem, check_states, check_teachers, key_scrubber, openai_messages,
-    parse_reply, redact_blocks, redact_messages, redact_state, render_reply, reply_blocks, request_body, resolve_provider, retry_after_s,
+    parse_reply, redact_blocks, redact_messages, redact_state, render_reply, reply_blocks, request_body, retry_after_s,
     state_tool_names, student_blocks, teacher_request, tool_specs)
+from .providers import (OPENROUTER_BASE_URL, TEACHER_PROVIDERS, OpenAICompatibleProvider,
+    OpenRouterProvider, Provider, api_key_from_env, check_env_name, make_provider, resolve_provider)
 from .budget import PROMPT_OVERHEAD_TOKENS, Budget, usage_charge, worst_case_usd
 from .journal import (JOURNAL_TAG, Journal, JournalBusy, JournalWriteError, check_journal,
                                                          check_journal_header, journal_header, journal_lock, read_journal, scan_journal)
@@ -35,17 +37,19 @@ _all_ = ["DEFAULT_INSTRUCTION", "DEFAULT_TEACHERS", "OPENROUTER_BASE_URL", "RETR
          "Budget", "worst_case_usd", "Journal", "read_journal", "scan_journal", "ReplyTooLarge",
          "action_key", "extract_dpo_pairs", "load_pairs", "save_pairs", "to_preference_rows",
          "JournalBusy", "JournalWriteError", "INVALID_ACTION", "DEFAULT_MAX_TOOL_CALLS", "action_problem", "key_scrubber",
-         "redact_messages", "redact_blocks", "redact_state", "check_journal", "journal_lock"]
+         "redact_messages", "redact_blocks", "redact_state", "check_journal", "journal_lock",
+         "TEACHER_PROVIDERS", "make_provider", "api_key_from_env", "check_env_name"]
 
 # %% auto #0
-__all__ = ['ReplayResults', 'TeacherReplayError', 'replay_trace', 'DEFAULT_INSTRUCTION', 'DEFAULT_TEACHERS',
+__all__ = ['ReplayResults', 'TeacherReplayError', 'request_bodies', 'replay_trace', 'DEFAULT_INSTRUCTION', 'DEFAULT_TEACHERS',
            'OPENROUTER_BASE_URL', 'RETRY_STATUSES', 'DPOPair', 'OpenAICompatibleProvider', 'OpenRouterProvider',
            'Provider', 'TeacherCallResult', 'TeacherSpec', 'TraceState', 'openai_messages', 'parse_reply',
            'render_reply', 'reply_blocks', 'request_body', 'resolve_provider', 'retry_after_s', 'teacher_request',
            'tool_specs', 'Budget', 'worst_case_usd', 'Journal', 'read_journal', 'scan_journal', 'ReplyTooLarge',
            'action_key', 'extract_dpo_pairs', 'load_pairs', 'save_pairs', 'to_preference_rows', 'JournalBusy',
            'JournalWriteError', 'INVALID_ACTION', 'DEFAULT_MAX_TOOL_CALLS', 'action_problem', 'key_scrubber',
-           'redact_messages', 'redact_blocks', 'redact_state', 'check_journal', 'journal_lock']
+           'redact_messages', 'redact_blocks', 'redact_state', 'check_journal', 'journal_lock', 'TEACHER_PROVIDERS',
+           'make_provider', 'api_key_from_env', 'check_env_name']
 
 # %% ../../nbs/15f_teacher_replay.ipynb #1e217903
 _log = logging.getLogger(__name__)
@@ -285,6 +289,25 @@ class _Run:
                 self.pending.pop(job, None); self.emit((job, job.result(error=msg)))
 
 # %% ../../nbs/15f_teacher_replay.ipynb #4c3d759c
+def request_bodies(states:Sequence[TraceState], # the trace (checked)
+                   teachers:Sequence[TeacherSpec], # the teachers (checked)
+                   endpoint:Provider, # the provider that sends them: its `request_body` shapes each one, its key is scrubbed out
+                   *,
+                   max_tokens:int=1024, # the reply cap, always sent
+                   tools:list[dict]|None=None, # None: `tool_specs(states)`; [] sends no tools
+                   instruction:str|None=DEFAULT_INSTRUCTION, # appended to the system message
+                   extra_body:dict|None=None, # more request fields
+                   skip:Any=(), # (state_id, slug) pairs not to send (answered in the journal)
+                  ): # yields (state index, teacher index, the JSON body as bytes)
+    "The request bodies `replay_trace` sends, in (state, teacher) order: history and tools redacted again, the key scrubbed."
+    scrub = key_scrubber(endpoint.api_key)
+    tools = scrub(redact_json(tool_specs(states) if tools is None else tools))
+    for i, s in enumerate(states):
+        todo = [(j, t) for j, t in enumerate(teachers) if (s["state_id"], t["slug"]) not in skip]
+        if not todo: continue
+        msgs = scrub(redact_messages(openai_messages(s["messages"], instruction)))   # once per state, as `teacher_request` would
+        for j, t in todo: yield i, j, orjson.dumps(endpoint.request_body(msgs, t, max_tokens=max_tokens, tools=tools, extra_body=extra_body))
+
 def _journaled(r):
     "A journal row as a result: rows written before `action` existed get it from their text."
     if "action" in r: return r
@@ -372,14 +395,9 @@ async def replay_trace(
                     done[pair] = next(r for r in reversed(rows) if (r["state_id"], r["teacher_slug"]) == pair)
             kept = [((six[s], tix[t]), _journaled(r)) for (s, t), r in done.items()]
 
-        jobs = deque()
-        for i, s in enumerate(states):
-            todo = [(j, t) for j, t in enumerate(teachers) if (s["state_id"], t["slug"]) not in done]
-            if not todo: continue
-            msgs = scrub(redact_messages(openai_messages(s["messages"], instruction)))   # once per state, as `teacher_request` would
-            for j, t in todo:
-                body = orjson.dumps(ep.request_body(msgs, t, max_tokens=max_tokens, tools=tools, extra_body=extra_body))
-                jobs.append(_Job((i, j), s, t, body, worst_case_usd(len(body), t, max_tokens)))
+        jobs = deque(_Job((i, j), states[i], teachers[j], body, worst_case_usd(len(body), teachers[j], max_tokens))
+                     for i, j, body in request_bodies(states, teachers, ep, max_tokens=max_tokens, tools=tools, instruction=instruction,
+                                                      extra_body=extra_body, skip=done))
 
         http = open_http(ep.url, ep.headers(), transport, client, max_concurrency, timeout_s, max_reply_bytes)
         budget, jr, pbar, jerr = Budget(float(max_total_usd), prior_spent), None, None, None

@@ -24,12 +24,11 @@ from ..ingestion.core import TraceState
 _all_ = ["TraceState"]   # re-exported: one definition, in the ingestion module
 
 # %% auto #0
-__all__ = ['DEFAULT_TEACHERS', 'DEFAULT_INSTRUCTION', 'DEFAULT_MAX_TOOL_CALLS', 'INVALID_ACTION', 'RETRY_STATUSES',
-           'OPENROUTER_BASE_URL', 'TeacherSpec', 'TeacherCallResult', 'DPOPair', 'type_name', 'check_states',
-           'check_teachers', 'student_blocks', 'openai_messages', 'tool_specs', 'request_body', 'teacher_request',
-           'reply_blocks', 'render_reply', 'parse_reply', 'state_tool_names', 'action_problem', 'redact_messages',
-           'redact_blocks', 'redact_state', 'key_scrubber', 'retry_after_s', 'check_base_url', 'check_api_key',
-           'Provider', 'OpenAICompatibleProvider', 'OpenRouterProvider', 'resolve_provider', 'TraceState']
+__all__ = ['DEFAULT_TEACHERS', 'DEFAULT_INSTRUCTION', 'DEFAULT_MAX_TOOL_CALLS', 'INVALID_ACTION', 'RETRY_STATUSES', 'TeacherSpec',
+           'TeacherCallResult', 'DPOPair', 'type_name', 'check_states', 'check_teachers', 'student_blocks',
+           'openai_messages', 'tool_specs', 'request_body', 'teacher_request', 'reply_blocks', 'render_reply',
+           'parse_reply', 'state_tool_names', 'action_problem', 'redact_messages', 'redact_blocks', 'redact_state',
+           'key_scrubber', 'retry_after_s', 'TraceState']
 
 # %% ../../nbs/15a_teacher_replay.protocol.ipynb #adaabf7e
 class _TeacherSpecFields(TypedDict):
@@ -402,105 +401,13 @@ def retry_after_s(headers:Any, # HTTP response headers (any mapping)
     found = [w for w in found if math.isfinite(w)]          # "nan", "inf", "1e999": the server did not say
     return max(0.0, max(found)) if found else None
 
-# %% ../../nbs/15a_teacher_replay.protocol.ipynb #0879388f
-OPENROUTER_BASE_URL = "https://openrouter.ai/api/v1"
+# %% ../../nbs/15a_teacher_replay.protocol.ipynb #h24b7ea8616
+_PROVIDER_NAMES = ("OPENROUTER_BASE_URL", "check_base_url", "check_api_key", "Provider", "OpenAICompatibleProvider", "OpenRouterProvider",
+                   "resolve_provider", "TEACHER_PROVIDERS", "make_provider", "api_key_from_env", "check_env_name")
 
-def check_base_url(url:Any, # a /v1 base URL
-                  ) -> str: # the URL
-    "An http(s) URL with a host, else a ValueError."
-    if not isinstance(url, str) or urlparse(url).scheme not in ("http", "https") or not urlparse(url).hostname:
-        raise ValueError(f"base_url must be an http(s) URL such as {OPENROUTER_BASE_URL!r}, got {url!r}")
-    return url
-
-def check_api_key(key:Any, # an API key, or None
-                 ) -> str|None: # the key without surrounding whitespace; None when empty
-    "A usable API key or None: a str, stripped, without whitespace or control characters inside (never shown)."
-    if key is None: return None
-    if not isinstance(key, str): raise TypeError("api_key must be a str")
-    key = key.strip() or None
-    if key is not None and (not key.isprintable() or any(c.isspace() for c in key)):
-        raise ValueError("the API key contains whitespace or control characters (it is not shown here)")
-    return key
-
-@runtime_checkable
-class Provider(Protocol):
-    "What `replay_trace` needs from a teacher endpoint (see `OpenAICompatibleProvider` for the meaning of each member)."
-    name: str
-    url: str
-    api_key: str|None
-    def headers(self) -> dict: ...
-    def request_body(self, messages:list[dict], teacher:TeacherSpec, *, max_tokens:int=1024,
-                     tools:list[dict]|None=None, extra_body:dict|None=None) -> dict: ...
-    def reported_cost(self, usage:dict) -> Any: ...
-
-class OpenAICompatibleProvider:
-    "Any server that speaks OpenAI chat completions at `base_url`: vLLM, llama.cpp, Ollama, LiteLLM, the local `teacher_server`."
-    name = "openai-compatible"
-    default_teachers: tuple = ()   # no price table: pass TeacherSpecs with the server's prices (0.0 for a local one)
-
-    def __init__(self,
-                 base_url:str, # the server's /v1 URL, e.g. "http://127.0.0.1:8000/v1"
-                 api_key:str|None=None, # sent as a Bearer token when given
-                 *,
-                 routing:dict|None=None, # sent as the body's `provider` field when non-empty
-                ):
-        self.base_url = check_base_url(base_url)
-        self.url = base_url.rstrip("/") + "/chat/completions"   # where the requests go
-        self.api_key = check_api_key(api_key)
-        if routing is not None and not isinstance(routing, dict): raise TypeError(f"routing (provider) must be a dict, got {type_name(routing)}")
-        self.routing = dict(routing or {})
-
-    def __repr__(self): return f"{type(self).__name__}(base_url={self.base_url!r}, api_key={'***' if self.api_key else None})"
-
-    def headers(self) -> dict:
-        "The request headers (the key, if any, as a Bearer token)."
-        h = {"Content-Type": "application/json"}
-        if self.api_key: h["Authorization"] = f"Bearer {self.api_key}"
-        return h
-
-    def request_body(self, messages:list[dict], teacher:TeacherSpec, *, max_tokens:int=1024,
-                     tools:list[dict]|None=None, extra_body:dict|None=None) -> dict:
-        "The chat-completions body for `teacher`, with this provider's routing."
-        return request_body(messages, teacher, max_tokens=max_tokens, tools=tools, routing=self.routing, extra_body=extra_body)
-
-    def reported_cost(self, usage:dict) -> Any:
-        "The cost the answer's `usage` reports (`usage.cost`), unchecked; None when it reports none."
-        return usage.get("cost")
-
-class OpenRouterProvider(OpenAICompatibleProvider):
-    "OpenRouter: its key (`OPENROUTER_API_KEY`), privacy routing, app header and price table."
-    name = "openrouter"
-    default_teachers = tuple(DEFAULT_TEACHERS)
-    DEFAULT_ROUTING = {"data_collection": "deny"}   # only providers that neither keep nor train on prompts
-
-    def __init__(self,
-                 api_key:str|None=None, # default: OPENROUTER_API_KEY
-                 *,
-                 base_url:str=OPENROUTER_BASE_URL, # an OpenRouter host (e.g. a regional one)
-                 routing:dict|None=None, # the `provider` routing block; None: DEFAULT_ROUTING, {}: none
-                ):
-        check_base_url(base_url)
-        if not self.is_openrouter(base_url): raise ValueError(f"base_url {base_url!r} is not an OpenRouter host: use OpenAICompatibleProvider")
-        if api_key is not None and not isinstance(api_key, str): raise TypeError("api_key must be a str")
-        super().__init__(base_url, api_key or os.environ.get("OPENROUTER_API_KEY"),
-                         routing=dict(self.DEFAULT_ROUTING) if routing is None else routing)
-        if not self.api_key: raise RuntimeError("no OpenRouter API key: pass api_key=... or set OPENROUTER_API_KEY")
-
-    @staticmethod
-    def is_openrouter(url:str) -> bool:
-        "Is `url` on openrouter.ai (or a subdomain)? A look-alike host such as evilopenrouter.ai is not."
-        host = urlparse(url).hostname or ""
-        return host == "openrouter.ai" or host.endswith(".openrouter.ai")
-
-    def headers(self) -> dict: return {**super().headers(), "X-Title": "composer-replication"}
-
-def resolve_provider(base_url:str|None=None, # None: OPENROUTER_BASE_URL from the environment, else OpenRouter
-                     api_key:str|None=None, # None: OPENROUTER_API_KEY, for OpenRouter or an env-given URL only
-                     routing:dict|None=None, # the `provider` block; None: OpenRouter's default there, none elsewhere
-                    ) -> Provider: # OpenRouterProvider or OpenAICompatibleProvider
-    "The provider `replay_trace` uses for `base_url`; the env key only goes to OpenRouter or OPENROUTER_BASE_URL."
-    url = check_base_url(base_url or os.environ.get("OPENROUTER_BASE_URL") or OPENROUTER_BASE_URL)
-    if api_key is not None and not isinstance(api_key, str): raise TypeError("api_key must be a str")
-    if OpenRouterProvider.is_openrouter(url): return OpenRouterProvider(api_key, base_url=url, routing=routing)
-    env_key = os.environ.get("OPENROUTER_API_KEY") if base_url is None else None   # the URL came from the env too
-    return OpenAICompatibleProvider(url, api_key or env_key, routing=routing)
+def __getattr__(name):
+    "The provider seam moved to `teacher_replay.providers` (it imports this module): its names still import from here."
+    if name in _PROVIDER_NAMES:
+        from . import providers
+        return getattr(providers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

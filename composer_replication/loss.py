@@ -280,6 +280,7 @@ def _lm_head_weight(model):
 
 def _final_hidden(model, kw):
     "Final (normed) hidden states (B, T, d) without computing the LM head."
+    if callable(getattr(model, "get_base_model", None)): model = model.get_base_model()   # peft: the adapted base (LoRA layers in place)
     inner = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
     if isinstance(inner, torch.nn.Module) and inner is not model:
         out = inner(**kw)

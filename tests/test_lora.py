@@ -48,3 +48,27 @@ def test_train_lora_then_eval_the_adapter_folder(tmp_path):
     for a, b in zip(scores["adapters"], scores["merged"], strict=True):
         assert (a is None) == (b is None) and (a is None or abs(a - b) < 1e-4), (a, b)
     assert scores["adapters"] != scores["base"]   # the adapters trained: the adapted student scores differently from its base
+
+
+def test_chunked_losses_score_a_peft_model_like_its_merged_weights():
+    "compose_loss / model_sequence_logprobs with chunk_size on a PeftModel read its final hidden states (not its logits)."
+    import torch
+    from composer_replication.loss import compose_loss, model_sequence_logprobs
+    from composer_replication.models import add_lora, load_student
+    torch.manual_seed(0)
+    model, tok = load_student("tiny")
+    pm = add_lora(model, {"r": 4, "lora_alpha": 8, "init_lora_weights": False})   # random B: the adapters change the outputs
+    ids = torch.randint(3, 200, (2, 24)); mask = torch.ones_like(ids)
+    batch = {"input_ids": ids, "response_mask": mask}
+    with torch.no_grad():
+        full = compose_loss(pm, batch, chunk_size=None).lm_ce
+        chunked = compose_loss(pm, batch, chunk_size=8).lm_ce
+        seq_full = model_sequence_logprobs(pm, ids, mask)
+        seq_chunked = model_sequence_logprobs(pm, ids, mask, chunk_size=8)
+        base = compose_loss(pm.get_base_model(), batch, chunk_size=8).lm_ce
+    assert torch.allclose(full, chunked, atol=1e-5), (full, chunked)
+    assert torch.allclose(seq_full, seq_chunked, atol=1e-4), (seq_full, seq_chunked)
+    assert torch.allclose(base, chunked, atol=1e-6)   # the adapted base is what a peft model computes
+    with pm.disable_adapter(), torch.no_grad():
+        off = compose_loss(pm, batch, chunk_size=8).lm_ce
+    assert not torch.allclose(off, chunked, atol=1e-4)   # the adapters were in the chunked score

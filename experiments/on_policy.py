@@ -1,0 +1,130 @@
+"""On-policy (issue 26): the student acts in the task suite's environment; GRPO + on-policy SDPO (+ replay DPO) learn from its rollouts.
+
+    python experiments/on_policy.py                       # SmolLM2-135M-Instruct, a short run: per-step time, rollout time, rewards
+    python experiments/on_policy.py --model tiny --steps 2 --out /tmp/op   # the smoke test (the random model calls no tool)
+
+Every rollout starts at a planted error of a recovery task (`environments.suite_tasks(..., kinds=("recovery",))`): the
+recorded prefix ends at the failing tool call, the student writes the next turns, the environment (the suite's simulated
+Claude Code tools) answers, and the episode's reward is the task's success in [0, 1] (right first call, task solved) minus
+0.1 per failed call. `environments.OnPolicyComposerTrainer` adds channel 2 on the student's own rollouts (a hint after
+each of its failed calls, with the solution when a rollout of the same task in the group found it) and channel 3 on
+pairs at the train split's recovery states (the right call against the recorded distractor). It writes
+`on_policy.json` (settings, per-step times and metrics, the reward curve) into --out.
+"""
+from __future__ import annotations
+
+import argparse, json, os, sys, tempfile, time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from ablation import _commit, _quiet, _versions, say, set_determinism  # noqa: E402
+
+
+@dataclass
+class Settings:
+    model: str = "smollm2-135m-instruct"
+    device: str = "cpu"
+    threads: int = 2
+    n_sessions: int = 8          # train sessions of the suite (each gives one recovery task)
+    steps: int = 6               # GRPO optimizer steps
+    prompts: int = 2             # tasks per step
+    generations: int = 4         # rollouts per task (the GRPO group)
+    max_completion_length: int = 160
+    tool_iterations: int = 2     # tool-calling turns a rollout may take after its first
+    train_layers: int = 8        # top decoder layers trained (+ final norm); 0 = every weight
+    lr: float = 1e-5
+    alpha_sdpo: float = 1.0
+    beta_replay: float = 0.1
+    max_seq_len: int = 1536      # the trace batches of channel 3
+    temperature: float = 1.0
+    seed: int = 0
+
+
+def run(s:Settings, out:Path, work:Path) -> dict:
+    import torch
+    from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig
+    from trl.chat_template_utils import qwen3_template
+    from composer_replication.environments import OnPolicyComposerTrainer, suite_dataset, suite_environment, suite_tasks
+    from composer_replication.hint_generator import dispatch
+    from composer_replication.models import load_student
+    from composer_replication.recipe import train_top_layers
+    from composer_replication.task_suite import load_expected, make_task_suite, suite_ingester
+    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
+    set_determinism(s.seed, s.device)
+    if s.threads: torch.set_num_threads(s.threads)
+    make_task_suite(work/"suite", s.n_sessions, 0, seed=0, overwrite=True)
+    split = work/"suite"/"train"
+    tasks = suite_tasks(split)
+    recoveries = [t for t in tasks if t.kind == "recovery"]
+    ing, rows = suite_ingester(split), {r["state_id"]: r for r in load_expected(split)}
+    states = [st for p in sorted((split/"sessions").glob("*.jsonl")) for st in ing.ingest(p)]
+    pairs = [{"state_id": st["state_id"], "state_messages": st["messages"], "chosen": rows[st["state_id"]]["action"],
+              "rejected": rows[st["state_id"]]["distractor"], "n_teachers_agreeing": 3}
+             for st in states if rows[st["state_id"]]["error_recovery"]]
+    model, tok = load_student(s.model)
+    tok.response_template = qwen3_template   # the students' templates write tool calls as Qwen's do (<tool_call> JSON): TRL parses them so
+    trained = train_top_layers(model, s.train_layers) if s.train_layers else None
+    times = {"rollout": [], "step": []}
+
+    class Timed(OnPolicyComposerTrainer):
+        def _generate(self, prompts):
+            t0 = time.perf_counter(); r = super()._generate(prompts); times["rollout"].append(time.perf_counter() - t0); return r
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw): self.t0 = time.perf_counter()
+        def on_step_end(self, args, state, control, **kw): times["step"].append(time.perf_counter() - self.t0)
+
+    args = GRPOConfig(output_dir=str(work/"runs"), per_device_train_batch_size=s.prompts * s.generations, num_generations=s.generations,
+                      max_completion_length=s.max_completion_length, max_tool_calling_iterations=s.tool_iterations, max_steps=s.steps,
+                      learning_rate=s.lr, temperature=s.temperature, logging_steps=1, report_to=[], use_cpu=s.device == "cpu",
+                      seed=s.seed, save_strategy="no", disable_tqdm=True)
+    tr = Timed(model, args=args, processing_class=tok, train_dataset=suite_dataset(recoveries), environment_factory=suite_environment(tasks),
+               alpha_sdpo=s.alpha_sdpo, beta_replay=s.beta_replay, trace_dataset=trace_examples_from_states(states, pairs=pairs),
+               data_collator=ComposerDataCollator(tok, CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
+                                                                     max_seq_len=s.max_seq_len, hint_generator=dispatch)))
+    tr.remove_callback(PrinterCallback); tr.add_callback(StepTimer())
+    t0 = time.perf_counter(); tr.train(); wall = time.perf_counter() - t0
+    logs = [h for h in tr.state.log_history if "reward" in h]
+    keep = ("loss", "reward", "reward_std", "composer/grpo", "composer/sdpo_jsd", "composer/trace_replay_dpo", "env/solved", "env/recovered",
+            "env/failed_calls", "on_policy/sites", "on_policy/with_solution", "on_policy/targets", "tools/call_frequency", "tools/failure_frequency")
+    steps = [{"step": i + 1, "step_s": times["step"][i] if i < len(times["step"]) else None,
+              "rollout_s": times["rollout"][i] if i < len(times["rollout"]) else None, **{k: h[k] for k in keep if k in h}}
+             for i, h in enumerate(logs)]
+    res = {"model": s.model, "settings": asdict(s), "versions": _versions(), "commit": _commit(), "tasks": len(recoveries),
+           "pairs": len(pairs), "trained": trained["layers"] if trained else "every weight", "wall_s": wall, "steps": steps,
+           "reward_curve": [h.get("reward") for h in logs],
+           "median_step_s": sorted(times["step"])[len(times["step"]) // 2] if times["step"] else None,
+           "median_rollout_s": sorted(times["rollout"])[len(times["rollout"]) // 2] if times["rollout"] else None}
+    out.mkdir(parents=True, exist_ok=True)
+    (out/"on_policy.json").write_text(json.dumps(res, indent=1))
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for f, v in asdict(Settings()).items():
+        ap.add_argument("--" + f.replace("_", "-"), type=type(v), default=v)
+    ap.add_argument("--out", default=str(HERE/"results"))
+    ap.add_argument("--work", default=None, help="where the suite is written (default: a temporary folder)")
+    a = vars(ap.parse_args(argv))
+    out, work = Path(a.pop("out")), a.pop("work")
+    s = Settings(**a)
+    if s.prompts < 1 or s.generations < 2 or s.steps < 1: ap.error("--prompts >= 1, --generations >= 2 and --steps >= 1")
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1"); _quiet()
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix="on-policy-"))
+    r = run(s, out, work)
+    for st in r["steps"]:
+        say(f"step {st['step']}: {st['step_s']:.1f} s (rollouts {st['rollout_s']:.1f} s)  reward {st['reward']:+.3f}  "
+            f"solved {st.get('env/solved', float('nan')):.2f}  recovered {st.get('env/recovered', float('nan')):.2f}  "
+            f"failed calls {st.get('env/failed_calls', float('nan')):.2f}  sdpo {st.get('composer/sdpo_jsd', float('nan')):.3g}  "
+            f"sites {st.get('on_policy/sites', float('nan')):.0f}")
+    say(f"{r['model']}: {len(r['steps'])} steps in {r['wall_s']:.0f} s; median step {r['median_step_s']:.1f} s, "
+        f"median rollout {r['median_rollout_s']:.1f} s; wrote {out/'on_policy.json'}")
+
+
+if __name__ == "__main__":
+    main()

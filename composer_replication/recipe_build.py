@@ -18,8 +18,8 @@ from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe
                                          save_recipe)
 
 # %% auto #0
-__all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'build_trainer',
-           'channel_progress', 'run_metrics', 'train_recipe']
+__all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'recipe_model',
+           'reference_collator', 'build_trainer', 'channel_progress', 'run_metrics', 'train_recipe']
 
 # %% ../nbs/27b_recipe_build.ipynb #61b96aeb
 def _import_callable(spec:str, key:str):
@@ -58,11 +58,12 @@ def _check_output_dir(path:str):
     elif not os.access(out, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} is not writable")
 
 def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
+                 *, needs_data:bool=True, # False: the caller brings the examples (a DiLoCo replica's shard), data.states may be null
                 ) -> Recipe:
     "Preflight what a run needs beyond the recipe's own checks: the files, the model folder, the reward, the trackers' packages."
     if not isinstance(recipe, Recipe): raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
     d = recipe.data
-    if recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
+    if needs_data and recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
     if recipe.mode == "grpo" and d.states is None and d.prompts is None: raise _err("data.prompts", "grpo needs data.prompts or data.states")
     if recipe.mode == "offline" and d.prompts is not None: raise _err("data.prompts", "is read in grpo mode only; remove it or set mode: grpo")
     for k in ("states", "pairs", "prompts"):
@@ -165,37 +166,91 @@ def _prompts(recipe:Recipe, states:list[dict]):
     if not rows: raise _err("data.prompts", f"{recipe.data.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
     return Dataset.from_list(rows)
 
+def recipe_model(recipe:Recipe) -> tuple[Any, Any, dict]:
+    "The recipe's (model, tokenizer, what trains): `load_recipe_model`, then its top `train_layers` or its LoRA adapters set to train."
+    model, tok = load_recipe_model(recipe)
+    return model, tok, _adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
+
+def _collator(recipe:Recipe, tok):
+    "The recipe's ComposerDataCollator: its collator section, the hint generator by name, the tokenizer's pad id unless the recipe sets one."
+    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+    col = dict(recipe.collator)
+    hg, pad = col.pop("hint_generator"), col.pop("pad_token_id")
+    pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0)
+    return ComposerDataCollator(tok, CollatorConfig(**_collator_config_kwargs(col), pad_token_id=pad,
+                                                    hint_generator=None if hg is None else _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")))
+
+class _ScoredCollator:
+    "A collator whose batches carry reference log-probs scored before training: each example's DPO rows, concatenated in batch order."
+    def __init__(self, collator, refs:dict): self.collator, self.refs = collator, refs
+    def __call__(self, batch):
+        import torch
+        out = self.collator(batch)
+        got = [self.refs.get(id(ex)) for ex in batch]
+        if "dpo_chosen_input_ids" in out and all(g is not None for g in got):
+            ch, rj = (torch.cat([g[k] for g in got]) for k in (0, 1))
+            if ch.shape[0] == out["dpo_chosen_input_ids"].shape[0]: out.update(dpo_chosen_ref_logprobs=ch, dpo_rejected_ref_logprobs=rj)
+        return out   # an example not scored here (or a count that differs): the trainer scores the batch's reference itself
+    def __repr__(self): return f"_ScoredCollator({len(self.refs)} examples scored, {type(self.collator).__name__})"
+
+def reference_collator(trainer, # a ComposerOfflineTrainer or ComposerReplicationTrainer, built, not yet trained
+                       collator, # the ComposerDataCollator its batches come from
+                       examples:list, # the TraceExamples its batches are drawn from (the same objects: they are keyed by identity)
+                       ref_model=None, # the trainer's own ref_model, when one was passed
+                      ):
+    "`collator` with the DPO reference log-probs of each example scored once now, as the trainer would at every step; `collator` itself when the run has no reference."
+    import torch
+    from composer_replication.trainer.composer_trainer import adapter_free_ref_logprobs
+    from composer_replication.trainer.data_collator import precompute_ref_logprobs
+    kind = getattr(trainer, "reference", "none")   # "frozen copy": the model as it is now; "adapters disabled"; "ref_model"; "none"
+    if kind == "none" or getattr(trainer, "is_fsdp_enabled", False): return collator   # FSDP: every process scores its own shards
+    model = trainer.model
+    dev, refs, was = next(model.parameters()).device, {}, model.training
+    model.eval()
+    try:
+        for ex in examples:
+            if id(ex) in refs: continue
+            b = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in collator([ex]).items()}
+            if "dpo_chosen_input_ids" not in b: refs[id(ex)] = (torch.zeros(0), torch.zeros(0)); continue
+            b = (adapter_free_ref_logprobs(model, b, trainer.chunk_size) if kind == "adapters disabled"
+                 else precompute_ref_logprobs(ref_model if kind == "ref_model" else model, b, chunk_size=trainer.chunk_size))
+            refs[id(ex)] = tuple(b[f"dpo_{s}_ref_logprobs"].detach().cpu() for s in ("chosen", "rejected"))
+    finally: model.train(was)
+    return _ScoredCollator(collator, refs)
+
 def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here too)
+                  *,
+                  model:tuple|None=None, # (model, tokenizer, trained) from `recipe_model(recipe)`, when the caller loaded it already (the demo: before its replay)
+                  examples:list|None=None, # the TraceExamples to train on instead of the recipe's data (a DiLoCo replica's shard); offline only
                   **trainer_kwargs, # more keyword arguments for the trainer (e.g. what a DiLoCo replica passes for its outer loop)
                  ) -> tuple[Any, Any]: # (ComposerOfflineTrainer or ComposerReplicationTrainer, tokenizer)
-    "The trainer a recipe describes, with its model, data, collator and loss configuration."
-    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
-    check_recipe(recipe)
+    "The trainer a recipe describes, with its model, data, collator, loss configuration and the DPO reference scored once per example."
+    check_recipe(recipe, needs_data=examples is None)
+    if examples is not None and recipe.mode != "offline": raise _err("mode", "examples= trains an offline recipe only")
     args = _args(recipe)
-    data = recipe_data(recipe)
-    model, tok = load_recipe_model(recipe)
-    trained = _adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
-    col = dict(recipe.collator)
-    hg = col.pop("hint_generator")
-    pad = col.pop("pad_token_id")
-    pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0)
-    collator = ComposerDataCollator(tok, CollatorConfig(**_collator_config_kwargs(col), pad_token_id=pad,
-                                                        hint_generator=None if hg is None else _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")))
+    data = recipe_data(recipe) if examples is None else {"states": [], "pairs": [], "examples": list(examples), "bad_lines": {}}
+    model, tok, trained = model if model is not None else recipe_model(recipe)
+    collator = _collator(recipe, tok)
     examples = data["examples"]
     if recipe.mode == "offline":
         from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
+        rows = collator.windows(examples) if collator.config.windows else examples   # windows first: each is one object, repeated
         per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size   # rows per optimizer step, all processes
-        repeat = recipe.data.repeat or (max(1, math.ceil(args.max_steps * per_step / len(examples))) if args.max_steps > 0 else 1)
-        trainer = ComposerOfflineTrainer(model, args, train_dataset=examples * repeat, data_collator=collator, loss_config=recipe.loss,
+        repeat = recipe.data.repeat or (max(1, math.ceil(args.max_steps * per_step / max(len(rows), 1))) if args.max_steps > 0 else 1)
+        trainer = ComposerOfflineTrainer(model, args, train_dataset=rows * repeat, data_collator=collator, loss_config=recipe.loss,
                                          **trainer_kwargs)
+        trainer.data_collator = reference_collator(trainer, collator, trainer.train_dataset, trainer_kwargs.get("ref_model"))
     else:
         from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
         reward = _import_callable(recipe.grpo.reward, "grpo.reward")
         trainer = ComposerReplicationTrainer(model=model, reward_funcs=reward, args=args, train_dataset=_prompts(recipe, data["states"]),
                                              processing_class=tok, trace_dataset=examples or None, data_collator=collator if examples else None,
                                              trace_batch_size=recipe.grpo.trace_batch_size, loss_config=recipe.loss, **trainer_kwargs)
-    trainer.recipe_data, trainer.recipe_trained = data, trained
+        rows = trainer.trace_dataset or []
+        if rows: trainer.trace_collator = reference_collator(trainer, collator, rows, trainer_kwargs.get("ref_model"))
+    trainer.recipe_data, trainer.recipe_trained, trainer.recipe_collator, trainer.recipe_rows = data, trained, collator, rows
     return trainer, tok
+
 
 # %% ../nbs/27b_recipe_build.ipynb #7efea83f
 CHANNELS = {"offline": ("lm_ce", "sdpo_jsd", "trace_replay_dpo"), "grpo": ("grpo", "sdpo_jsd", "trace_replay_dpo")}  # logged as composer/<name>

@@ -79,6 +79,15 @@ def test_grpo_recipe_trains(tmp_path, monkeypatch):
         assert all(math.isfinite(m[k]) for k in CHANNELS["grpo"]), m
         assert m["sdpo_jsd"] > 0 and m["trace_replay_dpo"] > 0, m
     assert json.loads((tmp_path/"out"/"summary.json").read_text())["mode"] == "grpo"
+    # the builder scores the trace batches' DPO reference once per row, as the GRPO trainer itself would at every step
+    import torch
+    from composer_replication.recipe_build import build_trainer
+    tr, _ = build_trainer(load_recipe(tmp_path/"grpo.yaml"))
+    assert tr.reference == "frozen copy" and type(tr.trace_collator).__name__ == "_ScoredCollator", tr.trace_collator
+    rows = tr.trace_dataset[:1] * 2
+    got, own = tr.trace_collator(rows), tr._with_ref_logprobs(tr.recipe_collator(rows))
+    for k in ("dpo_chosen_ref_logprobs", "dpo_rejected_ref_logprobs"):
+        assert torch.allclose(got[k], own[k], rtol=1e-5, atol=1e-3), (k, got[k], own[k])
 
 
 # Issue 22 point 6: every recipe value is checked (type and range) before anything loads; hostile YAML is one line, fast.

@@ -20,8 +20,9 @@ from .. import make_diloco_outer_loop
 from .allreduce import MockManager, ObjectStoreAllReduce
 
 # %% auto #0
-__all__ = ['RUN_ID_ENV', 'REPLICA_SPEC_FIELDS', 'main', 'train_tiny_replica', 'check_replica_spec', 'build_replica_trainer',
-           'train_composer_replica', 'replica_spec_from_recipe', 'torchft_manager', 'run_torchft_replica', 'cli']
+__all__ = ['RUN_ID_ENV', 'REPLICA_SPEC_FIELDS', 'main', 'train_tiny_replica', 'check_replica_spec', 'replica_recipe',
+           'build_replica_trainer', 'train_composer_replica', 'replica_spec_from_recipe', 'torchft_manager',
+           'run_torchft_replica', 'cli']
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #c2d72ca3
 _RESERVED = ("manager", "rank", "world_size")  # keyword arguments main() supplies itself
@@ -118,10 +119,13 @@ def train_tiny_replica(manager:Any=None, # MockManager / torchft Manager (None o
     finally: torch.set_num_threads(prev_threads)
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #5ca587d2
-REPLICA_SPEC_FIELDS = ("model", "model_seed", "train_layers", "session", "states", "pairs", "examples", "shard", "loss_config", "collator",
+REPLICA_SPEC_FIELDS = ("recipe", "model", "model_seed", "train_layers", "session", "states", "pairs", "examples", "shard", "loss_config", "collator",
                        "training_args", "diloco", "resume_from_checkpoint", "status_file", "num_threads")
-_TRAINING_DEFAULTS = dict(per_device_train_batch_size=1, max_steps=10, learning_rate=1e-3, logging_steps=1, report_to=[],
-                          save_strategy="no", seed=0, data_seed=0, disable_tqdm=True, lr_scheduler_type="constant")
+_RUN_FIELDS = {"model": "model", "model_seed": "seed", "train_layers": "train_layers", "loss_config": "loss", "collator": "collator",
+               "training_args": "training"}   # the spec's fields that say what a recipe says -> the recipe's key
+_SPEC_DEFAULTS = {"recipe": None, "model": "tiny", "model_seed": 0, "train_layers": None, "session": None, "states": None, "pairs": None,
+                  "examples": "conversation", "shard": True, "loss_config": {}, "collator": {}, "training_args": {}, "diloco": {},
+                  "resume_from_checkpoint": None, "status_file": None, "num_threads": 1}
 
 def _sample_session() -> str:
     import importlib.resources
@@ -129,13 +133,16 @@ def _sample_session() -> str:
 
 def check_replica_spec(spec:Mapping[str, Any], # the replica spec (fields: REPLICA_SPEC_FIELDS)
                       ) -> dict[str, Any]: # the spec with defaults filled in
-    "Check a replica spec's fields and types (values are checked again by the classes they build); fill in the defaults."
+    "Check a replica spec's fields and types (values are checked again by the recipe they make); fill in the defaults."
     if not isinstance(spec, Mapping): raise TypeError(f"spec must be a dict with fields {list(REPLICA_SPEC_FIELDS)}, got {type(spec).__name__}")
     bad = sorted(set(spec) - set(REPLICA_SPEC_FIELDS))
     if bad: raise ValueError(f"spec: unknown field(s) {bad}; the fields are {list(REPLICA_SPEC_FIELDS)}")
-    s = {"model": "tiny", "model_seed": 0, "train_layers": None, "session": None, "states": None, "pairs": None, "examples": "conversation", "shard": True,
-         "loss_config": {}, "collator": {}, "training_args": {}, "diloco": {}, "resume_from_checkpoint": None, "status_file": None,
-         "num_threads": 1, **spec}
+    both = [k for k in _RUN_FIELDS if k in spec and spec[k] != _SPEC_DEFAULTS[k]]
+    if spec.get("recipe") is not None and both: raise ValueError(f"spec: give 'recipe' or the run's fields {both}, not both (the recipe says all of it)")
+    r = spec.get("recipe")
+    if r is not None and not isinstance(r, (str, os.PathLike, Mapping)) and type(r).__name__ != "Recipe":
+        raise TypeError(f"spec['recipe'] must be a Recipe, its to_dict() or a recipe file's path, got {type(r).__name__}")
+    s = {**_SPEC_DEFAULTS, **spec}
     for k in ("model", "session", "states", "status_file"):
         if s[k] is not None and not isinstance(s[k], (str, os.PathLike)): raise TypeError(f"spec['{k}'] must be a path or name string, got {type(s[k]).__name__}")
     if s["session"] is not None and s["states"] is not None: raise ValueError("spec: give 'session' or 'states', not both")
@@ -145,8 +152,6 @@ def check_replica_spec(spec:Mapping[str, Any], # the replica spec (fields: REPLI
     if s["diloco"] is not None and "manager" in s["diloco"]: raise ValueError("spec['diloco'] must not hold a 'manager': the replica's manager is an argument")
     if s["examples"] not in ("conversation", "turn"): raise ValueError(f"spec['examples'] must be 'conversation' or 'turn', got {s['examples']!r}")
     if not isinstance(s["shard"], bool): raise TypeError(f"spec['shard'] must be a bool, got {s['shard']!r}")
-    tl = s["train_layers"]
-    if tl is not None and (isinstance(tl, bool) or not isinstance(tl, int) or tl < 1): raise ValueError(f"spec['train_layers'] must be an int >= 1 or None, got {tl!r}")
     for k in ("model_seed", "num_threads"):
         if isinstance(s[k], bool) or not isinstance(s[k], int) or s[k] < 0: raise ValueError(f"spec['{k}'] must be an int >= 0, got {s[k]!r}")
     p = s["pairs"]
@@ -154,20 +159,48 @@ def check_replica_spec(spec:Mapping[str, Any], # the replica spec (fields: REPLI
         raise TypeError(f"spec['pairs'] must be a pairs.jsonl path, a list of DPOPair dicts or {{state index: chosen action}}, got {type(p).__name__}")
     return s
 
-def _replica_examples(s:dict, rank:int, world_size:int) -> list:
-    "The TraceExamples replica `rank` trains on."
+def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_spec`)
+                   rank:int=0, # this replica's rank: its output folder is `<output_dir>/replica-<rank>`
+                  ):
+    "The `Recipe` a replica trains: `spec['recipe']`, or the one its run fields make (`model_seed` is the recipe's `seed`, `loss_config` its `loss`, `training_args` its `training`, over `TRAINING_DEFAULTS`)."
+    import dataclasses, tempfile
+    from composer_replication.recipe import Recipe, RecipeError, load_recipe
+    s = check_replica_spec(spec)
+    if s["recipe"] is not None:
+        r = s["recipe"]
+        r = load_recipe(r) if isinstance(r, (str, os.PathLike)) else r if isinstance(r, Recipe) else Recipe.from_dict(r)
+        if r.mode != "offline": raise ValueError(f"spec['recipe']: replicas train offline recipes (LM-CE + SDPO + DPO), got mode {r.mode!r}")
+        return dataclasses.replace(r, output_dir=os.path.join(r.output_dir, f"replica-{rank}"))
+    ta = dict(s["training_args"])
+    out = ta.pop("output_dir", None) or tempfile.mkdtemp(prefix="composer-replica-")
+    if ta.get("seed", s["model_seed"]) != s["model_seed"]:
+        raise ValueError(f"spec['training_args']['seed'] ({ta['seed']}) differs from spec['model_seed'] ({s['model_seed']}): a run has one seed (the recipe's)")
+    ta.pop("seed", None)
+    col = {k: list(v) if isinstance(v, tuple) else v for k, v in s["collator"].items()}
+    if "hint_generator" in col: raise ValueError("spec['collator']: unknown field(s) ['hint_generator'] (the hint generator is dispatch; a recipe can name another)")
+    try: return Recipe(model=os.fspath(s["model"]), seed=s["model_seed"], train_layers=s["train_layers"], loss=dict(s["loss_config"]),
+                       collator=col, training=ta, output_dir=os.path.join(out, f"replica-{rank}"))
+    except RecipeError as e:   # named by the spec's field: `collator.max_len: unknown key` -> spec['collator']: max_len: unknown key
+        key, _, msg = str(e).partition(": ")
+        top, _, sub = key.partition(".")
+        field = {v: k for k, v in _RUN_FIELDS.items()}.get(top, top)
+        raise ValueError(f"spec['{field}']" + (f": {sub}" if sub else "") + f": {msg}") from None
+
+def _replica_examples(s:dict, recipe, rank:int, world_size:int) -> list:
+    "The TraceExamples replica `rank` trains on: the spec's session or states (else the recipe's data, else the sample session), sharded."
     from composer_replication.jsonl import read_jsonl
     from composer_replication.ingestion.core import make_ingester
     from composer_replication.teacher_replay.pairs import load_pairs
     from composer_replication.trainer.data_collator import trace_examples_from_states
-    if s["states"] is not None:
-        states, st = read_jsonl(s["states"])
-        if st.bad: print(f"warning: {st.report(str(s['states']))}", file=sys.stderr)
+    states_path = s["states"] if s["states"] is not None or s["session"] is not None else recipe.data.states
+    if states_path is not None:
+        states, st = read_jsonl(states_path)
+        if st.bad: print(f"warning: {st.report(str(states_path))}", file=sys.stderr)
     else:
         path = s["session"] or _sample_session()
         states = list(make_ingester("auto", path=path, fallback="claude-code").ingest(path))
-    if not states: raise ValueError(f"spec: no assistant turns in {s['states'] or s['session'] or 'the sample session'}")
-    p = s["pairs"]
+    if not states: raise ValueError(f"spec: no assistant turns in {states_path or s['session'] or 'the sample session'}")
+    p = s["pairs"] if s["pairs"] is not None else recipe.data.pairs
     if isinstance(p, (str, os.PathLike)): pairs = load_pairs(p)
     elif isinstance(p, Mapping):  # {state index: the teachers' action}
         pairs = []
@@ -177,11 +210,12 @@ def _replica_examples(s:dict, rank:int, world_size:int) -> list:
             pairs.append({"state_id": st["state_id"], "state_messages": st["messages"], "chosen": chosen,
                           "rejected": st["student_action"], "n_teachers_agreeing": 3})
     else: pairs = list(p or [])
+    reward = recipe.data.final_reward
     if s["examples"] == "turn":
         by_state: dict[str, list] = {}
         for q in pairs: by_state.setdefault(q["state_id"], []).append(q)
-        examples = [e for st in states for e in trace_examples_from_states([st], pairs=by_state.get(st["state_id"], []))]
-    else: examples = trace_examples_from_states(states, pairs=pairs)
+        examples = [e for st in states for e in trace_examples_from_states([st], pairs=by_state.get(st["state_id"], []), final_reward=reward)]
+    else: examples = trace_examples_from_states(states, pairs=pairs, final_reward=reward)
     if s["shard"]:
         n, examples = len(examples), examples[rank::world_size]
         if not examples: raise ValueError(f"spec: {n} example(s) cannot be sharded over {world_size} replicas: "
@@ -195,35 +229,14 @@ def build_replica_trainer(spec:Mapping[str, Any], # a replica spec (see `check_r
                           *,
                           callbacks:list|None=None, # extra TrainerCallbacks
                          ):
-    "Build the `ComposerOfflineTrainer` a replica spec describes, under DiLoCo on `manager`."
-    from transformers import TrainingArguments
-    from composer_replication.hint_generator import dispatch
-    from composer_replication.loss import LossConfig
-    from composer_replication.models import load_student
-    from composer_replication.trainer.composer_trainer import ComposerOfflineTrainer
-    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+    "Build the `ComposerOfflineTrainer` of a replica spec's recipe through `recipe_build.build_trainer`, on this replica's shard, under DiLoCo on `manager`."
+    from composer_replication.recipe_build import build_trainer
     s = check_replica_spec(spec)
     if s["diloco"] is not None and manager is None: raise ValueError("manager is required when spec['diloco'] is set (None trains without DiLoCo)")
-    loss = LossConfig.from_dict(s["loss_config"])
-    bad = sorted(set(s["collator"]) - {f for f in CollatorConfig.__dataclass_fields__ if f != "hint_generator"})
-    if bad: raise ValueError(f"spec['collator']: unknown field(s) {bad}")
-    ta = {**_TRAINING_DEFAULTS, "use_cpu": not torch.cuda.is_available(), **s["training_args"]}
-    import tempfile
-    ta["output_dir"] = os.path.join(ta.get("output_dir") or tempfile.mkdtemp(prefix="composer-replica-"), f"replica-{rank}")
-    try: args = TrainingArguments(**ta)
-    except TypeError as e: raise ValueError(f"spec['training_args']: {e}") from None
-    examples = _replica_examples(s, rank, world_size)  # everything checked before the model is loaded
-    if s["model"] == "tiny":
-        from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
-        model, tok = tiny_causal_lm(seed=s["model_seed"]), tiny_tokenizer()
-    else: model, tok = load_student(s["model"])
-    from composer_replication.recipe import train_top_layers
-    train_top_layers(model, s["train_layers"])   # None: every parameter trains
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    collator = ComposerDataCollator(tok, CollatorConfig(**{"pad_token_id": pad, "hint_generator": dispatch, **s["collator"]}))
+    recipe = replica_recipe(s, rank)
+    examples = _replica_examples(s, recipe, rank, world_size)  # everything checked before the model is loaded
     diloco = None if s["diloco"] is None else {**s["diloco"], "manager": manager}
-    tr = ComposerOfflineTrainer(model, args, train_dataset=examples, data_collator=collator, loss_config=loss, diloco=diloco,
-                                callbacks=list(callbacks or []))
+    tr, _ = build_trainer(recipe, examples=examples, diloco=diloco, callbacks=list(callbacks or []))
     return tr
 
 def _status_callback(trainer, status_file, rank):
@@ -279,7 +292,7 @@ def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torc
                "channels": {k.split("/", 1)[1]: [e.get(k) for e in steps] for k in chans},
                "sync_steps": [e["step"] for e in syncs], "sync_digests": [e["digest"] for e in syncs],
                "final_digest": _weights_digest(tr.model), "global_step": tr.state.global_step, "train_s": train_s,
-               "n_params": sum(p.numel() for p in tr.model.parameters()), "n_examples": len(tr.train_dataset),
+               "n_params": sum(p.numel() for p in tr.model.parameters()), "n_examples": len(tr.recipe_data["examples"]),
                "manager_step": int(manager.current_step()) if manager is not None else 0}
         store = getattr(manager, "store", None)
         if store is not None: out.update(bytes_written=store.bytes_written, bytes_read=store.bytes_read, rounds=store.round_id)
@@ -290,22 +303,16 @@ def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torc
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #c8293e98
 def replica_spec_from_recipe(recipe:Any, # a `composer_replication.recipe.Recipe`, or the path of a recipe YAML (relative paths read from its folder)
                             ) -> dict[str, Any]: # the replica spec of its training; launch `recipe.diloco.world_size` replicas of it
-    "The replica spec of an offline recipe: its model, data, loss, collator and training arguments, and its `diloco` section as the outer loop's options."
+    "The replica spec of an offline recipe: the recipe itself (plain data), and its `diloco` section as the outer loop's options."
     from composer_replication.recipe import Recipe, load_recipe
     r = load_recipe(recipe) if isinstance(recipe, (str, os.PathLike)) else recipe
     if not isinstance(r, Recipe): raise TypeError(f"recipe must be a Recipe or a recipe file's path, got {type(recipe).__name__}")
     if r.mode != "offline": raise ValueError(f"recipe mode: replicas train offline recipes (LM-CE + SDPO + DPO), got mode {r.mode!r}")
     if r.data.states is None: raise ValueError("recipe data.states: a replica trains on a states JSONL; the recipe names none")
-    if r.collator["hint_generator"] != "dispatch":
-        raise ValueError(f"recipe collator.hint_generator: replicas use the built-in dispatch hint generator, got {r.collator['hint_generator']!r}")
-    col = {k: v for k, v in r.collator.items() if k not in ("hint_generator", "pad_token_id")}
-    if r.collator["pad_token_id"] is not None: col["pad_token_id"] = r.collator["pad_token_id"]
-    col["sdpo_targets"] = tuple(col["sdpo_targets"])
-    ta = {**r.training, "output_dir": r.output_dir, "seed": r.seed}   # report_to as the recipe says ("none" is TrainingArguments' own)
     d = r.diloco
-    return {"model": r.model, "model_seed": r.seed, "train_layers": r.train_layers, "states": r.data.states, "pairs": r.data.pairs,
-            "loss_config": r.loss.to_dict(), "collator": col, "training_args": ta,
+    return {"recipe": r.to_dict(),
             "diloco": {"sync_every": d.sync_every, "outer_lr": d.outer_lr, "outer_momentum": d.outer_momentum, "nesterov": d.nesterov} if d.enabled else None}
+
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #6b013cc5
 def _torchft_loopback():

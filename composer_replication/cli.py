@@ -179,7 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lora", dest="lora", action="store_const", const=True,
                    help="train LoRA adapters (peft: rank 16 on the attention and MLP projections) instead of the top layers; lr 1e-3 unless --lr")
     s.add_argument("--seed", dest="seed", type=int, help="seed, 0 <= seed < 2**32 (default: 0)")
-    s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())} (default: auto)")
+    s.add_argument("--source", dest="source", help=f"the session's trace source: {', '.join(_sources())}, or package.module:attr (default: auto)")
+    s.add_argument("--provider", dest="provider", help="who sends to --teachers: openrouter, openai-compatible, an installed entry point "
+                                                      "or package.module:attr (default: by the URL)")
+    s.add_argument("--api-key-env", dest="api_key_env", metavar="NAME", help="the environment variable holding the teachers' API key "
+                                                                            "(default: OPENROUTER_API_KEY, for OpenRouter only)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")
     s.set_defaults(func=_cmd_demo)
     s = sub.add_parser("eval", help="agent behaviour on sessions with known right actions: recovery margins, recovery, next-action and preference accuracy",

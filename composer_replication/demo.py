@@ -43,7 +43,8 @@ FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
     "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
     "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
-    "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources", "lora": "--lora"}
+    "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources", "lora": "--lora",
+    "provider": "--provider", "api_key_env": "--api-key-env"}
 
 DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model says otherwise
 DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
@@ -111,6 +112,8 @@ class DemoConfig:
     windows: bool = True          # split a session longer than max_seq_len into windows (`trace_windows`); False: one left-cut row
     solution_sources: tuple[str, ...] = ("teachers", "hindsight")  # what the SDPO hints may state as the solution ("teachers", "hindsight", both, none)
     lora: bool|dict|None = None   # train LoRA adapters instead of layers: True (`models.LORA_DEFAULTS`: r 16, attention + MLP) or peft.LoraConfig options
+    provider: str|None = None     # who sends to the teachers: "openrouter", "openai-compatible", an installed entry point or "package.module:attr"; None: by the URL
+    api_key_env: str|None = None  # the NAME of the environment variable holding the teachers' key (e.g. a vLLM --api-key); None: OPENROUTER_API_KEY for OpenRouter
 
     def __post_init__(self):
         if self.model is None: self.model = "tiny"   # what None meant before the real student was the default
@@ -136,8 +139,20 @@ class DemoConfig:
             raise _bad("solution_sources", f"must be a subset of {', '.join(SOLUTION_SOURCES)}, got {self.solution_sources!r}")
         self.solution_sources = src
         from composer_replication.ingestion.core import TRACE_SOURCES
-        if not isinstance(self.source, str) or (self.source != "auto" and self.source not in TRACE_SOURCES):
-            raise _bad("source", f"must be auto or one of {sorted(TRACE_SOURCES)}, got {self.source!r}")
+        from composer_replication.plugins import is_reference, plugin_names
+        if not isinstance(self.source, str) or not (self.source == "auto" or is_reference(self.source)
+                                                    or self.source in plugin_names("trace_sources", TRACE_SOURCES)):
+            raise _bad("source", f"must be auto, one of {plugin_names('trace_sources', TRACE_SOURCES)} (installed entry points included) "
+                                 f"or a 'package.module:attr' reference, got {self.source!r:.80}")
+        for k in ("provider", "api_key_env"):
+            v = getattr(self, k)
+            if v is None: continue
+            if not isinstance(v, str) or not v.strip(): raise _bad(k, f"must be a non-empty str, got {v!r:.60}")
+            if self.teachers is None: raise _bad(k, "says who sends to --teachers and with which key: give --teachers too (the scripted teachers need neither)")
+        if self.api_key_env is not None:
+            from composer_replication.teacher_replay.providers import check_env_name
+            try: check_env_name(self.api_key_env, "api_key_env")
+            except ValueError as e: raise _bad("api_key_env", str(e).removeprefix("api_key_env").lstrip(": ")) from None
         for k in ("alpha_sdpo", "beta_replay", "max_total_usd"):
             if getattr(self, k) is not None or k == "max_total_usd": setattr(self, k, _real(k, getattr(self, k)))
         if self.session is not None:
@@ -146,7 +161,8 @@ class DemoConfig:
             if p.is_dir():
                 if next(p.rglob("*.jsonl"), None) is None: raise _bad("session", f"no .jsonl session files under the folder {self.session}")
             elif not p.is_file(): raise _bad("session", f"not a session file or folder: {self.session}")
-            elif p.suffix.lower() != ".jsonl": raise _bad("session", f"must be a .jsonl session file or a folder, got {p.name!r}")
+            elif p.suffix.lower() != ".jsonl" and self.source == "auto":   # a named source reads its own files
+                raise _bad("session", f"must be a .jsonl session file or a folder (or name its --source), got {p.name!r}")
             elif p.stat().st_size == 0: raise _bad("session", f"the file is empty (no session records): {self.session}")
         if self.teachers is not None:
             _, ts = parse_teachers(self.teachers)
@@ -315,8 +331,16 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
 
     # Preflight: everything that depends on the world outside the config, before anything is written or paid for.
     base, teachers = parse_teachers(cfg.teachers) if cfg.teachers is not None else (None, None)
-    if teachers is not None and base is None and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
+    endpoint = None   # the Provider that sends to real teachers, made now: a bad name or a missing key is found before anything runs
+    if teachers is not None and cfg.provider is None and cfg.api_key_env is None and base is None \
+            and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
         raise _bad("teachers", "OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)", DemoInputError)
+    if teachers is not None and (cfg.provider is not None or cfg.api_key_env is not None):
+        from composer_replication.teacher_replay.providers import api_key_from_env, make_provider
+        try: key = api_key_from_env(cfg.api_key_env, "api_key_env (--api-key-env)") if cfg.api_key_env is not None else None
+        except ValueError as e: raise DemoInputError(str(e)) from None
+        try: endpoint = make_provider(cfg.provider, base, key)
+        except (ValueError, TypeError, RuntimeError) as e: raise _bad("provider" if cfg.provider is not None else "api_key_env", _one_line(e), DemoInputError) from None
     run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
     if (why := _creatable(run)): raise _bad("out", why, DemoInputError)
     session = Path(cfg.session) if cfg.session else SAMPLE_SESSION
@@ -372,7 +396,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
                 results = asyncio.run(replay_trace(states, SCRIPTED_TEACHERS, base_url=server.url, **replay_kw))
             teacher_desc = "3 scripted teachers on the local server"
         else:
-            results = asyncio.run(replay_trace(states, teachers, base_url=base, **replay_kw))
+            results = asyncio.run(replay_trace(states, teachers, **(dict(endpoint=endpoint) if endpoint is not None else dict(base_url=base)), **replay_kw))
             teacher_desc = f"{len(teachers)} teachers at {base or 'OpenRouter'}"
     except ValueError as e:   # only the journal check is about the input; any other ValueError is a bug and propagates
         if "belongs to another run" not in str(e): raise

@@ -21,6 +21,7 @@ PLUGIN_GROUPS = {  # kind -> the entry-point group installed packages declare it
     "teacher_providers": "composer_replication.teacher_providers",  # a Provider factory (base_url=, api_key=): `replay --provider NAME`
     "sdpo_criteria": "composer_replication.sdpo_criteria",          # a channel-2 criterion: `loss.sdpo_wrapper`
     "replay_criteria": "composer_replication.replay_criteria",      # a channel-3 ReplayCriterion: `loss.dpo_variant`
+    "environments": "composer_replication.environments",            # TRL's environment_factory for on-policy rollouts: `grpo.environment`
 }
 
 class PluginError(ValueError):

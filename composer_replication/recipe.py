@@ -102,13 +102,26 @@ class DataSpec:
 
 @dataclass
 class GRPOSpec:
-    "What GRPO adds (mode: grpo): the reward and the trace batches that feed channels 2 and 3."
-    reward: str|None = None       # "package.module:function" (or "package.module.function"): TRL reward function (completions, **columns) -> floats
+    "What GRPO adds (mode: grpo): the reward, the environment the rollouts act in, and the trace batches that feed channels 2 and 3."
+    reward: str|None = None       # "package.module:function" (or "package.module.function"): TRL reward function (completions, **columns) -> floats;
+                                  # with an environment, null: the environment's own reward (its get_reward())
     trace_batch_size: int = 2     # trace examples per micro-batch of the side iterator
+    environment: str|None = None  # multi-turn rollouts (on-policy): "task_suite", an installed entry point or "package.module:attr" naming
+                                  # TRL's environment_factory (a zero-argument callable, e.g. a class, whose instances have reset() and tools)
+    split: str|None = None        # environment task_suite: a `make_task_suite` split folder; its episodes are the prompts
+    kinds: list = field(default_factory=lambda: ["recovery"])  # environment task_suite: which episodes of each session ("task", "recovery")
 
     def __post_init__(self):
         _opt_str(self.reward, "grpo.reward")
         _int(self.trace_batch_size, "grpo.trace_batch_size", 1)
+        _opt_str(self.environment, "grpo.environment")
+        self.split = _path(self.split, "grpo.split")
+        if not isinstance(self.kinds, list) or not self.kinds or not all(isinstance(k, str) for k in self.kinds):
+            raise _err("grpo.kinds", f"must be a non-empty list of episode kinds (task, recovery), got {self.kinds!r:.60}")
+        if self.split is not None and self.environment != "task_suite":
+            raise _err("grpo.split", "is read by environment: task_suite only; remove it or set grpo.environment: task_suite")
+        if self.environment == "task_suite" and self.split is None:
+            raise _err("grpo.split", "environment task_suite needs the split folder its episodes come from (make_task_suite's train/, dev/ or heldout/)")
 
 @dataclass
 class ReplaySpec:
@@ -273,7 +286,7 @@ class Recipe:
     model: str = "tiny"           # "tiny", "smollm2-135m-instruct", or a local Hugging Face model folder
     train_layers: int|None = None # train only the model's top N decoder layers (and its final norm); None: every parameter trains
     lora: dict|None = None        # LoRA adapters instead (peft.LoraConfig's options: r, lora_alpha, lora_dropout, target_modules, ...); None: no adapters
-    mode: str = "offline"         # "offline" (LM-CE + SDPO + DPO) or "grpo" (GRPO + SDPO + DPO, needs grpo.reward)
+    mode: str = "offline"         # "offline" (LM-CE + SDPO + DPO) or "grpo" (GRPO + SDPO + DPO, needs grpo.reward or grpo.environment)
     output_dir: str = "runs/train" # where `train` writes metrics.jsonl, summary.json, recipe.yaml, model/ and checkpoints
     seed: int = 0                 # model init (tiny), data order and the trainer; 0 <= seed < 2**32
     name: str|None = None         # a label for the run (logged; e.g. the demo run's name)
@@ -342,7 +355,7 @@ class Recipe:
         fix = lambda p: p if p is None or Path(p).is_absolute() else str(base/p)
         data = dataclasses.replace(self.data, **{k: fix(getattr(self.data, k)) for k in ("states", "pairs", "prompts")})
         model = self.model if self.model in BUILTIN_MODELS else fix(self.model)
-        return dataclasses.replace(self, data=data, model=model, output_dir=fix(self.output_dir))
+        return dataclasses.replace(self, data=data, model=model, output_dir=fix(self.output_dir), grpo=dataclasses.replace(self.grpo, split=fix(self.grpo.split)))
 
 # %% ../nbs/27_recipe.ipynb #04f37290
 def _yaml_loader():
@@ -447,7 +460,9 @@ def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read b
                   loss=cfg.loss if isinstance(cfg.loss, LossConfig) else LossConfig.from_dict(cfg.loss or {}),
                   collator={"max_seq_len": cfg.max_seq_len, "max_dpo_seq_len": cfg.max_dpo_seq_len, "hint_generator": "dispatch",
                             "windows": getattr(cfg, "windows", True), "solution_sources": list(getattr(cfg, "solution_sources", ("teachers", "hindsight")))},
-                  training={"max_steps": cfg.steps, "learning_rate": cfg.lr})   # the rest: TRAINING_DEFAULTS, as every run
+                  training={"max_steps": cfg.steps, "learning_rate": cfg.lr},   # the rest: TRAINING_DEFAULTS, as every run
+                  replay=ReplaySpec(teachers=getattr(cfg, "teachers", None), provider=getattr(cfg, "provider", None),
+                                    api_key_env=getattr(cfg, "api_key_env", None), max_usd=getattr(cfg, "max_total_usd", None)))
 
 # %% ../nbs/27_recipe.ipynb #s94744e5063e
 _BUILD_NAMES = ("check_recipe", "TINY_BASE", "load_recipe_model", "train_top_layers", "recipe_data", "recipe_model", "reference_collator",

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, _collator_config_kwargs, _err,
+from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, RecipeError, _collator_config_kwargs, _err,
                                          save_recipe)
 
 # %% auto #0
@@ -57,6 +57,25 @@ def _check_output_dir(path:str):
         if not os.access(up, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} cannot be made: {up} is not writable")
     elif not os.access(out, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} is not writable")
 
+def _environment(recipe:Recipe) -> tuple[Any, Any]:
+    "The recipe's (environment_factory, prompt dataset or None): task_suite's episodes of `grpo.split`, or the factory `grpo.environment` names."
+    from composer_replication.plugins import PluginError, resolve_plugin
+    g = recipe.grpo
+    try: factory = resolve_plugin(g.environment, "environments", what="grpo.environment")
+    except PluginError as e: raise RecipeError(str(e)) from None
+    if not callable(factory): raise _err("grpo.environment", f"{g.environment!r} names a {type(factory).__name__}, not an environment factory (a class or function)")
+    from composer_replication import environments as envs
+    if factory is not envs.TaskSuiteEnv: return factory, None   # the user's own: its prompts are data.prompts (or the states' histories)
+    bad = sorted(set(g.kinds) - set(envs.TASK_KINDS))
+    if bad: raise _err("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
+    split = Path(g.split)
+    if not (split/"manifest.json").is_file(): raise _err("grpo.split", f"no manifest.json in {g.split} (a make_task_suite split folder is expected)", FileNotFoundError)
+    try: tasks = envs.suite_tasks(split)
+    except (ValueError, KeyError) as e: raise _err("grpo.split", f"{g.split}: {e}") from None
+    prompts = [t for t in tasks if t.kind in g.kinds]
+    if not prompts: raise _err("grpo.kinds", f"{g.split} has no episode of kinds {g.kinds}")
+    return envs.suite_environment(tasks), envs.suite_dataset(prompts)
+
 def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
                  *, needs_data:bool=True, # False: the caller brings the examples (a DiLoCo replica's shard), data.states may be null
                 ) -> Recipe:
@@ -64,7 +83,9 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
     if not isinstance(recipe, Recipe): raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
     d = recipe.data
     if needs_data and recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
-    if recipe.mode == "grpo" and d.states is None and d.prompts is None: raise _err("data.prompts", "grpo needs data.prompts or data.states")
+    g = recipe.grpo
+    if recipe.mode == "grpo" and d.states is None and d.prompts is None and g.environment != "task_suite":
+        raise _err("data.prompts", "grpo needs data.prompts or data.states (or grpo.environment: task_suite, whose episodes are the prompts)")
     if recipe.mode == "offline" and d.prompts is not None: raise _err("data.prompts", "is read in grpo mode only; remove it or set mode: grpo")
     for k in ("states", "pairs", "prompts"):
         p = getattr(d, k)
@@ -74,9 +95,13 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
         if not p.is_dir(): raise _err("model", f"must be one of {list(BUILTIN_MODELS)} or a Hugging Face model folder; not found: {recipe.model}", FileNotFoundError)
         if not (p/"config.json").is_file(): raise _err("model", f"no config.json in {recipe.model}: not a Hugging Face model folder")
     if recipe.mode == "grpo":
-        if recipe.grpo.reward is None: raise _err("grpo.reward", "grpo needs a reward function: 'package.module:function'")
-        _import_callable(recipe.grpo.reward, "grpo.reward")
-    elif recipe.grpo.reward is not None: raise _err("grpo.reward", "is used in grpo mode only; remove it or set mode: grpo")
+        if g.reward is None and g.environment is None:
+            raise _err("grpo.reward", "grpo needs a reward function ('package.module:function') or an environment whose get_reward() is the reward (grpo.environment)")
+        if g.reward is not None: _import_callable(g.reward, "grpo.reward")
+        if g.environment is not None: _environment(recipe)   # it imports, and a task_suite split reads (its episodes replayed once, here)
+    else:
+        for k in ("reward", "environment"):
+            if getattr(g, k) is not None: raise _err(f"grpo.{k}", "is used in grpo mode only; remove it or set mode: grpo")
     for name in _report_to(recipe.training):
         mods = REPORT_TO_PACKAGES.get(name)
         if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
@@ -242,10 +267,20 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
         trainer.data_collator = reference_collator(trainer, collator, trainer.train_dataset, trainer_kwargs.get("ref_model"))
     else:
         from composer_replication.trainer.composer_trainer import ComposerReplicationTrainer
-        reward = _import_callable(recipe.grpo.reward, "grpo.reward")
-        trainer = ComposerReplicationTrainer(model=model, reward_funcs=reward, args=args, train_dataset=_prompts(recipe, data["states"]),
-                                             processing_class=tok, trace_dataset=examples or None, data_collator=collator if examples else None,
-                                             trace_batch_size=recipe.grpo.trace_batch_size, loss_config=recipe.loss, **trainer_kwargs)
+        g = recipe.grpo
+        reward = None if g.reward is None else _import_callable(g.reward, "grpo.reward")
+        cls, prompts, more = ComposerReplicationTrainer, None, {}
+        if g.environment is not None:   # on-policy: multi-turn rollouts in the environment, channel 2 on the student's own errors
+            from composer_replication.environments import OnPolicyComposerTrainer
+            factory, prompts = _environment(recipe)
+            cls, more = OnPolicyComposerTrainer, {"environment_factory": factory}
+            if recipe.collator["hint_generator"] is not None: more["hint_generator"] = collator.config.hint_generator
+            if recipe.model in BUILTIN_MODELS and getattr(tok, "response_template", None) is None:
+                from trl.chat_template_utils import qwen3_template
+                tok.response_template = qwen3_template   # the built-in students write tool calls as Qwen does (<tool_call> JSON): TRL parses them so
+        trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=prompts if prompts is not None else _prompts(recipe, data["states"]),
+                      processing_class=tok, trace_dataset=examples or None, data_collator=collator if examples else None,
+                      trace_batch_size=g.trace_batch_size, loss_config=recipe.loss, **more, **trainer_kwargs)
         rows = trainer.trace_dataset or []
         if rows: trainer.trace_collator = reference_collator(trainer, collator, rows, trainer_kwargs.get("ref_model"))
     trainer.recipe_data, trainer.recipe_trained, trainer.recipe_collator, trainer.recipe_rows = data, trained, collator, rows
@@ -274,9 +309,13 @@ def channel_progress(total:int, # optimizer steps of the run
             if self.bar is not None: self.bar.close()
     return ChannelProgress()
 
+_RUN_KEYS = ("reward", "reward_std")        # GRPO's own, kept as logged
+_RUN_PREFIXES = ("env/", "on_policy/")      # an environment's episodes and the on-policy SDPO sites (`OnPolicyComposerTrainer`)
+
 def run_metrics(log_history:list[dict]) -> list[dict]:
-    "One row per logged step: the step, every `composer/` channel (prefix dropped) and the trainer's loss."
-    return [{"step": l["step"], **{k.split("/", 1)[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l.get("loss")}
+    "One row per logged step: the step, every `composer/` channel (prefix dropped), the trainer's loss; in GRPO the reward, `env/` and `on_policy/` too."
+    return [{"step": l["step"], **{k.split("/", 1)[1]: v for k, v in l.items() if k.startswith("composer/")}, "loss": l.get("loss"),
+             **{k: v for k, v in l.items() if k in _RUN_KEYS or k.startswith(_RUN_PREFIXES)}}
             for l in log_history if any(k.startswith("composer/") for k in l) and "loss" in l]
 
 def _main_process() -> bool:

@@ -54,7 +54,7 @@ def bad(tmp_path):
     (["--session", "{d}/empty.jsonl"], ["session (--session)", "empty"]),
     (["--session", "{d}/other.jsonl", "--source", "claude-code"], ["session (--session)", "no assistant turns"]),
     (["--session", "{d}/binary.jsonl", "--source", "claude-code"], ["session (--session)", "no assistant turns"]),
-    (["--source", "cursor"], ["source (--source)", "must be auto or one of"]),
+    (["--source", "cursor"], ["source (--source)", "must be auto, one of"]),
     (["--session", "{d}/notes"], ["session (--session)", "no .jsonl"]),
     (["--session", "{d}/nope.jsonl"], ["session (--session)", "not found"]),
     (["--model", "{d}/model"], ["model (--model)", "cannot load"]),

@@ -129,9 +129,7 @@ class DemoConfig:
         self.model = os.fspath(self.model)
         for k, v in demo_sizes(self.model).items():   # the size fields left None take the model's demo sizes
             if k in FLAGS and getattr(self, k) is None: setattr(self, k, v)
-        for k, lo, hi in (("steps", 1, None), ("max_seq_len", 2, None), ("max_dpo_seq_len", 2, None), ("seed", 0, 2**32 - 1)):
-            setattr(self, k, _int(k, getattr(self, k), lo, hi))
-        self.lr = _real("lr", self.lr, positive=True)
+        if self.max_total_usd is None: raise _bad("max_total_usd", "must be a number (the replay's budget), got None", TypeError)
         if not isinstance(self.windows, bool): raise _bad("windows", f"must be a bool, got {self.windows!r}", TypeError)
         from composer_replication.trainer.windows import SOLUTION_SOURCES
         src = tuple(self.solution_sources) if isinstance(self.solution_sources, (list, tuple)) else self.solution_sources
@@ -153,8 +151,6 @@ class DemoConfig:
             from composer_replication.teacher_replay.providers import check_env_name
             try: check_env_name(self.api_key_env, "api_key_env")
             except ValueError as e: raise _bad("api_key_env", str(e).removeprefix("api_key_env").lstrip(": ")) from None
-        for k in ("alpha_sdpo", "beta_replay", "max_total_usd"):
-            if getattr(self, k) is not None or k == "max_total_usd": setattr(self, k, _real(k, getattr(self, k)))
         if self.session is not None:
             p = _path("session", self.session)
             if not p.exists(): raise _bad("session", f"not found: {self.session}", FileNotFoundError)
@@ -183,8 +179,23 @@ class DemoConfig:
                 raise _bad("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
         self.loss = _loss_config(self.loss, self.alpha_sdpo, self.beta_replay)   # last: a bad flag is reported before torch is imported
         self.alpha_sdpo, self.beta_replay = self.loss.alpha_sdpo, self.loss.beta_replay
-        from composer_replication.recipe import recipe_from_demo
-        recipe_from_demo(self)   # the run it describes, checked by the recipe's own rules (the loss's included) once, before anything runs
+        from composer_replication.recipe import RecipeError, recipe_from_demo
+        try: recipe_from_demo(self)   # the run it describes: its options (steps, lr, caps, seed, budget, loss) checked once, by the recipe's rules
+        except RecipeError as e: raise self._flag_error(e) from None
+        for k in ("steps", "max_seq_len", "max_dpo_seq_len", "seed"): setattr(self, k, int(getattr(self, k)))
+        for k in ("lr", "max_total_usd"): setattr(self, k, float(getattr(self, k)))
+
+    def _flag_error(self, e):
+        "A recipe's error about an option the demo sets from a flag, named by that field and flag (TypeError for a value of the wrong type)."
+        key, _, msg = str(e).partition(": ")
+        name = _RECIPE_FLAGS.get(key)
+        if name is None: return e
+        v = getattr(self, name)
+        wrong = isinstance(v, bool) or not isinstance(v, numbers.Integral if name in ("steps", "max_seq_len", "max_dpo_seq_len", "seed") else numbers.Real)
+        return _bad(name, msg, TypeError if wrong else ValueError)
+
+_RECIPE_FLAGS = {"data.repeat": "steps", "training.max_steps": "steps", "training.learning_rate": "lr", "seed": "seed",
+                 "collator.max_seq_len": "max_seq_len", "collator.max_dpo_seq_len": "max_dpo_seq_len", "replay.max_usd": "max_total_usd"}  # recipe key -> DemoConfig field
 
 LORA_LR = 1e-3  # the demo's learning rate with --lora when --lr is not given (or the model's, if larger)
 DEMO_WEIGHTS = {"alpha_sdpo": 0.5, "beta_replay": 0.5}  # the demo's channel weights when neither a flag nor `loss` sets them
@@ -198,8 +209,11 @@ def _loss_config(loss, alpha_sdpo, beta_replay):
         except (TypeError, ValueError) as e: raise type(e)(f"loss: {e}") from None
     elif not isinstance(loss, LossConfig):
         raise TypeError(f"loss: must be a LossConfig (composer_replication.loss) or a dict of its options, got {type(loss).__name__}")
-    weights = {k: v for k, v in (("alpha_sdpo", alpha_sdpo), ("beta_replay", beta_replay)) if v is not None}
-    return loss.replace(**weights) if weights else loss
+    for k, v in (("alpha_sdpo", alpha_sdpo), ("beta_replay", beta_replay)):   # LossConfig's own rules for the weights, named by their flags
+        if v is None: continue
+        try: loss = loss.replace(**{k: v})
+        except (TypeError, ValueError) as e: raise _bad(k, str(e).removeprefix(k).lstrip(" :"), type(e)) from None
+    return loss
 
 # %% ../nbs/40_demo.ipynb #4194460a
 def _price(it, price):

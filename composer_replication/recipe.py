@@ -182,7 +182,7 @@ def _training_fields(mode:str) -> set[str]:
     return {f.name for f in dataclasses.fields(cls) if f.init} - set(_RESERVED_TRAINING)
 
 _TRAINING_RANGES = {  # (lo, hi, lo_open, hi_open) of numeric TrainingArguments / GRPOConfig options; the types come from the classes' annotations
-    "learning_rate": (0, math.inf, False, True), "weight_decay": (0, math.inf, False, True), "max_grad_norm": (0, math.inf, False, True),
+    "learning_rate": (0, math.inf, True, True), "weight_decay": (0, math.inf, False, True), "max_grad_norm": (0, math.inf, False, True),
     "adam_beta1": (0, 1, False, True), "adam_beta2": (0, 1, False, True), "adam_epsilon": (0, math.inf, True, True),
     "num_train_epochs": (0, math.inf, True, True), "warmup_ratio": (0, 1, False, False), "warmup_steps": (0, math.inf, False, True),
     "label_smoothing_factor": (0, 1, False, True), "per_device_train_batch_size": (1, math.inf, False, True),

@@ -43,8 +43,17 @@ def _args(recipe:Recipe):
     "TrainingArguments (GRPOConfig in grpo mode) from the recipe; their own checks become RecipeErrors."
     if recipe.mode == "grpo": from trl import GRPOConfig as cls
     else: from transformers import TrainingArguments as cls
-    try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **recipe.training)
+    kw = dict(recipe.training)
+    if "dataloader_pin_memory" not in kw and not _accelerator():
+        kw["dataloader_pin_memory"] = False   # nothing to pin memory for: torch would warn at every DataLoader
+    try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **kw)
     except (TypeError, ValueError) as e: raise _err("training", " ".join(str(e).split())[:400]) from None
+
+def _accelerator() -> bool:
+    "Whether torch sees a GPU (or another accelerator) to train on."
+    import torch
+    acc = getattr(torch, "accelerator", None)
+    return bool(acc.is_available()) if acc is not None and hasattr(acc, "is_available") else torch.cuda.is_available()
 
 def _check_output_dir(path:str):
     "A folder that exists or can be made: not a file, not under a file, in a folder this user may write to."

@@ -97,7 +97,7 @@ BAD_VALUES = {
     "training: {max_steps: 0}": "training.max_steps: must be an int >= 1",
     "training: {max_steps: 2.5}": "training.max_steps: must be an int, got 2.5",
     "training: {learning_rate: .nan}": "training.learning_rate: must be a finite number, got nan",
-    "training: {learning_rate: -0.1}": "training.learning_rate: must be in [0, inf), got -0.1",
+    "training: {learning_rate: -0.1}": "training.learning_rate: must be in (0, inf), got -0.1",
     "training: {per_device_train_batch_size: 0}": "training.per_device_train_batch_size: must be in [1, inf), got 0",
     "training: {gradient_accumulation_steps: true}": "training.gradient_accumulation_steps: must be an int, got True",
     "training: {weight_decay: .inf}": "training.weight_decay: must be a finite number, got inf",
@@ -152,3 +152,43 @@ def test_output_dir_paths(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     r = parse_recipe("output_dir: ~/runs/a\ndata: {states: ~/s.jsonl}", base_dir=tmp_path / "elsewhere")
     assert (r.output_dir, r.data.states) == (str(tmp_path / "home" / "runs" / "a"), str(tmp_path / "home" / "s.jsonl"))
+
+
+ENV = '''
+class Counter:
+    "A user's environment: one tool, and the reward is whether it was called with the prompt's number."
+    def reset(self, target=None, **row): self.target, self.hits = target, 0
+    def add(self, n: int) -> str:
+        """Add n to the counter.
+
+        Args:
+            n: how much to add
+        """
+        self.hits += int(n == self.target)
+        return f"added {n}"
+    def get_reward(self) -> float: return float(self.hits > 0)
+'''
+
+@pytest.mark.slow
+def test_grpo_recipe_with_a_users_environment(tmp_path, monkeypatch):
+    "grpo.environment names a user's TRL environment_factory by module:attr; its prompts are data.prompts, its reward get_reward()."
+    pytest.importorskip("trl")
+    from composer_replication.environments import OnPolicyComposerTrainer
+    from composer_replication.jsonl import write_jsonl
+    from composer_replication.recipe_build import build_trainer
+    (tmp_path/"my_env.py").write_text(ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    write_jsonl(tmp_path/"prompts.jsonl", [{"prompt": [{"role": "user", "content": f"Add {i} to the counter."}], "target": i} for i in range(4)])
+    (tmp_path/"env.yaml").write_text(
+        "mode: grpo\nmodel: tiny\noutput_dir: out\ndata: {prompts: prompts.jsonl}\ngrpo: {environment: 'my_env:Counter'}\n"
+        "training: {max_steps: 2, per_device_train_batch_size: 4, num_generations: 2, max_completion_length: 16,\n"
+        "           max_tool_calling_iterations: 1, use_cpu: true}\n")
+    tr, _ = build_trainer(load_recipe(tmp_path/"env.yaml"))
+    assert type(tr) is OnPolicyComposerTrainer, type(tr)
+    rc, out, err = run_cli("train", "--config", tmp_path/"env.yaml", "--quiet")
+    assert rc == 0, err
+    rows = [json.loads(l) for l in (tmp_path/"out"/"metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(math.isfinite(r["reward"]) and math.isfinite(r["grpo"]) for r in rows), rows
+    (tmp_path/"bad.yaml").write_text((tmp_path/"env.yaml").read_text().replace("my_env:Counter", "my_env:Countr"))
+    rc, out, err = run_cli("train", "--config", tmp_path/"bad.yaml")
+    assert rc == 2 and "grpo.environment 'my_env:Countr': 'my_env' has no attribute 'Countr' (did you mean 'Counter'?)" in err, err

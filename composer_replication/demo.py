@@ -66,17 +66,6 @@ class DemoInputError(ValueError):
 
 def _bad(name, what, exc=ValueError): return exc(f"{name} ({FLAGS[name]}): {what}")
 
-def _int(name, v, lo, hi=None):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral): raise _bad(name, f"must be an int, got {v!r}", TypeError)
-    if v < lo or (hi is not None and v > hi): raise _bad(name, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v!r}")
-    return int(v)
-
-def _real(name, v, positive=False):
-    if isinstance(v, bool) or not isinstance(v, numbers.Real): raise _bad(name, f"must be a number, got {v!r}", TypeError)
-    if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        raise _bad(name, f"must be a finite number {'> 0' if positive else '>= 0'}, got {v!r}")
-    return float(v)
-
 def _path(name, v):
     if not isinstance(v, (str, os.PathLike)): raise _bad(name, f"must be a path (str), got {type(v).__name__}", TypeError)
     s = os.fspath(v)

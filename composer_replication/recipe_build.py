@@ -66,7 +66,9 @@ def _check_output_dir(path:str):
         if not os.access(up, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} cannot be made: {up} is not writable")
     elif not os.access(out, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} is not writable")
 
-def _environment(recipe:Recipe) -> tuple[Any, Any]:
+def _environment(recipe:Recipe, # a recipe with grpo.environment set
+                 build:bool=True, # False: the preflight only (the name resolves, the split folder and kinds are right); no episode is replayed
+                ) -> tuple[Any, Any]:
     "The recipe's (environment_factory, prompt dataset or None): task_suite's episodes of `grpo.split`, or the factory `grpo.environment` names."
     from composer_replication.plugins import PluginError, resolve_plugin
     g = recipe.grpo
@@ -79,7 +81,8 @@ def _environment(recipe:Recipe) -> tuple[Any, Any]:
     if bad: raise _err("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
     split = Path(g.split)
     if not (split/"manifest.json").is_file(): raise _err("grpo.split", f"no manifest.json in {g.split} (a make_task_suite split folder is expected)", FileNotFoundError)
-    try: tasks = envs.suite_tasks(split)
+    if not build: return factory, None
+    try: tasks = envs.suite_tasks(split)   # every session's recorded calls replayed once: done when the trainer is built, not in the preflight
     except (ValueError, KeyError) as e: raise _err("grpo.split", f"{g.split}: {e}") from None
     prompts = [t for t in tasks if t.kind in g.kinds]
     if not prompts: raise _err("grpo.kinds", f"{g.split} has no episode of kinds {g.kinds}")
@@ -107,7 +110,7 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
         if g.reward is None and g.environment is None:
             raise _err("grpo.reward", "grpo needs a reward function ('package.module:function') or an environment whose get_reward() is the reward (grpo.environment)")
         if g.reward is not None: _import_callable(g.reward, "grpo.reward")
-        if g.environment is not None: _environment(recipe)   # it imports, and a task_suite split reads (its episodes replayed once, here)
+        if g.environment is not None: _environment(recipe, build=False)   # it imports; a task_suite split is a split folder
     else:
         for k in ("reward", "environment"):
             if getattr(g, k) is not None: raise _err(f"grpo.{k}", "is used in grpo mode only; remove it or set mode: grpo")

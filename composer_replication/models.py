@@ -203,12 +203,62 @@ def lora_config(spec:Mapping, # peft.LoraConfig options by their own names; thos
     try: return peft.LoraConfig(**d)
     except (TypeError, ValueError) as e: raise ValueError(f"lora: {' '.join(str(e).split())[:300]}") from None
 
+_FUSED = {}
+
+def _fused_lora_linear():
+    "peft's LoRA `Linear` with a forward and backward of two large GEMMs and no full-size elementwise pass (built once, when peft is first needed)."
+    if "cls" in _FUSED: return _FUSED["cls"]
+    import torch
+    from peft.tuners.lora import Linear
+
+    class _LoraLinearFn(torch.autograd.Function):
+        "y = x W^T (+ b) + s (x A^T) B^T with W, b frozen; the adapter's term added in place into the GEMMs' outputs, forward and backward."
+        @staticmethod
+        def forward(ctx, x, W, b, A, B, s):
+            a = x @ A.t()                                            # (N, r)
+            y = torch.addmm(b, x, W.t()) if b is not None else x @ W.t()
+            y.addmm_(a, B.t(), alpha=s)
+            ctx.save_for_backward(x, W, A, B, a); ctx.s = s
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            x, W, A, B, a = ctx.saved_tensors
+            gx = gA = gB = None
+            ga = g @ B                                               # (N, r): the gradient at a, divided by s
+            if ctx.needs_input_grad[0]: gx = (g @ W).addmm_(ga, A, alpha=ctx.s)
+            if ctx.needs_input_grad[3]: gA = (ga.t() @ x).mul_(ctx.s)
+            if ctx.needs_input_grad[4]: gB = (g.t() @ a).mul_(ctx.s)
+            return gx, None, None, gA, gB, None
+
+    class FusedLoraLinear(Linear):
+        """peft's LoRA Linear (same adapters, config, save, load and merge), whose forward runs `_LoraLinearFn` in the plain case: one
+        active vanilla adapter without dropout or bias on a frozen nn.Linear, no autocast; everything else takes peft's own forward."""
+        def forward(self, x, *args, **kwargs):
+            act = self.active_adapters
+            ad = act[0] if len(act) == 1 else None
+            base = self.base_layer
+            if (args or kwargs or ad is None or self.disable_adapters or self.merged or ad not in self.lora_A or ad in self.lora_variant
+                    or not isinstance(self.lora_dropout[ad], torch.nn.Identity) or self.lora_B[ad].bias is not None
+                    or type(base) is not torch.nn.Linear or base.weight.requires_grad
+                    or (base.bias is not None and base.bias.requires_grad) or torch.is_autocast_enabled(x.device.type)
+                    or x.dtype != base.weight.dtype or x.dtype != self.lora_A[ad].weight.dtype):
+                return super().forward(x, *args, **kwargs)
+            y = _LoraLinearFn.apply(x.reshape(-1, x.shape[-1]), base.weight, base.bias, self.lora_A[ad].weight, self.lora_B[ad].weight,
+                                    float(self.scaling[ad]))
+            return y.view(*x.shape[:-1], y.shape[-1])
+
+    _FUSED["cls"] = FusedLoraLinear
+    return FusedLoraLinear
+
 def add_lora(model, # a transformers causal LM
              lora:Mapping|Any, # LoraConfig options (`lora_config`) or a LoraConfig
              base:str|None=None, # what the adapter folder records as its base: a student name or a folder (None: peft's default, the model's name_or_path)
             ) -> Any: # peft PeftModel: the base weights frozen, only the adapters train
     "Wrap `model` with fresh LoRA adapters (`peft.get_peft_model`)."
-    cfg = lora_config(lora)
+    import dataclasses, torch
+    cfg = dataclasses.replace(lora_config(lora))   # a copy: the caller's LoraConfig is not changed
+    cfg._register_custom_module({torch.nn.Linear: _fused_lora_linear()})   # peft's hook for LoRA layer classes
     try: pm = _peft().get_peft_model(model, cfg)
     except ValueError as e:   # e.g. target modules the model does not have
         tm = sorted(cfg.target_modules) if isinstance(cfg.target_modules, (set, frozenset)) else cfg.target_modules

@@ -46,10 +46,10 @@ def main():
         folder = os.path.join(os.path.dirname(a.out), f"tiny-{os.environ.get('RANK', '0')}")
         model.save_pretrained(folder); model = AutoModelForCausalLM.from_pretrained(folder)
     if a.lora:
-        from peft import LoraConfig, get_peft_model
+        from composer_replication.models import add_lora
         torch.manual_seed(0)   # the adapters' random init (DDP would broadcast rank 0's anyway; the one-process run must draw the same)
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"],
-                                                 init_lora_weights=False))   # non-zero B: the adapted model differs from the reference
+        model = add_lora(model, dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj", "up_proj"],
+                                     init_lora_weights=False))   # non-zero B: the adapted model differs from the reference; add_lora's layers
     loss = LossConfig(alpha_sdpo=0.5, beta_replay=0.5, chunk_size=a.chunk)
     common = dict(output_dir=os.path.join(os.path.dirname(a.out), "run"), max_steps=a.steps, learning_rate=1e-3, logging_steps=1,
                   report_to=[], save_strategy="no", use_cpu=True, seed=0, disable_tqdm=True, gradient_accumulation_steps=a.ga,
@@ -73,7 +73,7 @@ def main():
     weights = {n: p.detach().double().flatten().tolist() for n, p in inner.named_parameters() if p.requires_grad}
     if tr.is_world_process_zero():
         Path(a.out).write_text(json.dumps({"world": tr.accelerator.num_processes, "logs": logs, "weights": weights,
-                                           "reference": tr.reference,
+                                           "reference": tr.reference, "fused_lora_layers": sum(type(m).__name__ == "FusedLoraLinear" for m in inner.modules()),
                                            "distributed": str(tr.accelerator.distributed_type), "wrapped": type(tr.model_wrapped).__name__}))
 
 

@@ -64,6 +64,7 @@ def test_offline_lora_chunked_accumulated_torchrun(tmp_path):
     one, _ = _run(tmp_path, "one", "--trainer", "offline", "--batch", "4", "--ga", "2", "--lora", "--chunk", "64")
     ddp, _ = _run(tmp_path, "torchrun", "--trainer", "offline", "--batch", "2", "--ga", "2", "--lora", "--chunk", "64")
     assert one["reference"] == ddp["reference"] == "adapters disabled"
+    assert one["fused_lora_layers"] == ddp["fused_lora_layers"] == 6   # add_lora's layers (2 layers x q, v, up) under DDP too
     assert one["weights"] and all("lora_" in n for n in one["weights"])   # the adapters alone train
     _active(one, "lm_ce", "sdpo_jsd", "trace_replay_dpo")
     _same(one, ddp)
@@ -80,7 +81,7 @@ def test_grpo_torchrun(tmp_path):
 def test_grpo_lora_accelerate_launch(tmp_path):
     one, _ = _run(tmp_path, "one", "--trainer", "grpo", "--batch", "4", "--lora")
     ddp, _ = _run(tmp_path, "accelerate", "--trainer", "grpo", "--batch", "2", "--lora")
-    assert one["reference"] == "adapters disabled"
+    assert one["reference"] == "adapters disabled" and one["fused_lora_layers"] == ddp["fused_lora_layers"] == 6
     _active(one, "sdpo_jsd", "trace_replay_dpo")
     _same(one, ddp)
 

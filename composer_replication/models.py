@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import importlib.resources
 import importlib.util
@@ -203,11 +204,9 @@ def lora_config(spec:Mapping, # peft.LoraConfig options by their own names; thos
     try: return peft.LoraConfig(**d)
     except (TypeError, ValueError) as e: raise ValueError(f"lora: {' '.join(str(e).split())[:300]}") from None
 
-_FUSED = {}
-
+@functools.cache
 def _fused_lora_linear():
     "peft's LoRA `Linear` with a forward and backward of two large GEMMs and no full-size elementwise pass (built once, when peft is first needed)."
-    if "cls" in _FUSED: return _FUSED["cls"]
     import torch
     from peft.tuners.lora import Linear
 
@@ -248,7 +247,6 @@ def _fused_lora_linear():
                                     float(self.scaling[ad]))
             return y.view(*x.shape[:-1], y.shape[-1])
 
-    _FUSED["cls"] = FusedLoraLinear
     return FusedLoraLinear
 
 def add_lora(model, # a transformers causal LM

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import math
 import warnings
 from collections import abc
@@ -360,6 +361,10 @@ def _forward(model, inputs, ids_key, mask_key, chunk_size):
 
 def _sequence_logprobs(model, input_ids, response_mask, attention_mask, average, chunk_size):
     o = _forward(model, {"input_ids": input_ids, "attention_mask": attention_mask}, "input_ids", "attention_mask", chunk_size)
+    return _score(model, o, input_ids, response_mask, average, chunk_size)
+
+def _score(model, o, input_ids, response_mask, average, chunk_size):
+    "Summed (or averaged) response log-probs (B,) from a forward's (B, T, d) hidden states or (B, T, V) logits."
     m = response_mask[:, 1:]
     if chunk_size is not None:
         lp = linear_token_logprobs(o[:, :-1], _lm_head_weight(model), input_ids[:, 1:].masked_fill(m == 0, -100), chunk_size=chunk_size)
@@ -425,12 +430,78 @@ def sdpo_channel_loss(
             raise ValueError(f"student_out must be ({B}, {T}, V) logits (or ({B}, {T}, d) hidden states when chunked), got {tuple(student_out.shape)}")
     return _sdpo_loss(model, inputs, student_out, config)
 
+def _side_lengths(ids, mask):
+    "Tokens per row (P,) when the padding is on the right (or absent); None otherwise."
+    if mask is None: return torch.full((ids.shape[0],), ids.shape[1], device=ids.device)
+    n = (mask != 0).sum(1)
+    right = (mask != 0) == (torch.arange(ids.shape[1], device=ids.device) < n[:, None])
+    return n if bool(right.all()) else None
+
+def _shared_prefix(inputs:dict[str, Tensor], # dpo_{chosen,rejected}_input_ids (P, T) (+ their attention masks)
+                        )->int: # c >= 1 when running the first c tokens once saves work, else 0
+    "How many leading tokens every pair's chosen and rejected sides share (each side keeps >= 1 token after them), when running them once costs fewer tokens than both sides whole."
+    ids_c, ids_r = inputs["dpo_chosen_input_ids"], inputs["dpo_rejected_input_ids"]
+    n_c, n_r = (_side_lengths(inputs[f"dpo_{s}_input_ids"], inputs.get(f"dpo_{s}_attention_mask")) for s in ("chosen", "rejected"))
+    if n_c is None or n_r is None: return 0   # left padding: the rows' prompts do not start at the same position
+    t0 = min(ids_c.shape[1], ids_r.shape[1])
+    same = (ids_c[:, :t0] == ids_r[:, :t0]).long().cumprod(1).sum(1)
+    c = int(torch.minimum(same, torch.minimum(n_c, n_r) - 1).min())
+    Tc, Tr = ids_c.shape[1], ids_r.shape[1]
+    return c if c >= 1 and c + 2 * (max(Tc, Tr) - c) < Tc + Tr else 0
+
+def _decoder(model, chunk_size):
+    "The module a forward goes through: the decoder (chunked; a peft model's adapted one) or the causal LM (logits)."
+    if chunk_size is None: return model
+    if callable(getattr(model, "get_base_model", None)): model = model.get_base_model()
+    inner = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
+    return inner if isinstance(inner, torch.nn.Module) and inner is not model else None
+
+_CACHE_ARGS = ("cache", "past_key_values")   # the KV cache argument: transformers >= 5.2x names it `cache`, earlier releases `past_key_values`
+
+def _cache_arg(model, chunk_size):
+    "The name under which the forward takes a KV cache to continue from, or None (then each DPO side runs whole)."
+    checkpointing = getattr(model, "is_activation_checkpointing", None)
+    if checkpointing is None: checkpointing = getattr(model, "is_gradient_checkpointing", False)
+    if torch.is_grad_enabled() and getattr(model, "training", False) and checkpointing: return None   # HF turns the cache off then
+    dec = _decoder(model, chunk_size)
+    try: params = inspect.signature(dec.forward).parameters if dec is not None else {}
+    except (TypeError, ValueError): return None
+    return next((a for a in _CACHE_ARGS if a in params), None)
+
+def _cached_forward(model, kw, chunk_size):
+    "((B, T, d) hidden or (B, T, V) logits, the KV cache the forward returned or None)."
+    out = _decoder(model, chunk_size)(**kw, use_cache=True)
+    o = (out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]) if chunk_size is not None else out.logits
+    cache = next((getattr(out, a) for a in _CACHE_ARGS if getattr(out, a, None) is not None), None)
+    return o, cache if callable(getattr(cache, "batch_repeat_interleave", None)) else None
+
+def _pair_logprobs(model, inputs, average, chunk_size):
+    "Each pair's chosen and rejected response log-probs, (P,) each, in two forward passes: the prompt both sides share once (its KV cache reused by both continuations, run as one batch of 2P rows) when that saves work, else each side whole."
+    ids = {s: inputs[f"dpo_{s}_input_ids"] for s in ("chosen", "rejected")}
+    masks = {s: inputs.get(f"dpo_{s}_attention_mask") for s in ("chosen", "rejected")}
+    arg = _cache_arg(model, chunk_size)
+    c = _shared_prefix(inputs) if arg is not None else 0
+    if c:
+        pre, cache = _cached_forward(model, dict(input_ids=ids["chosen"][:, :c]), chunk_size)
+        if cache is not None:
+            P, L = pre.shape[0], max(x.shape[1] for x in ids.values()) - c
+            cont = ids["chosen"].new_zeros(2 * P, L); am = ids["chosen"].new_zeros(2 * P, c + L); am[:, :c] = 1
+            for k, s in enumerate(("chosen", "rejected")):   # rows interleaved: chosen 0, rejected 0, chosen 1, ...
+                w = ids[s].shape[1] - c
+                cont[k::2, :w] = ids[s][:, c:]
+                am[k::2, c:c + w] = 1 if masks[s] is None else (masks[s][:, c:] != 0).long()
+            cache.batch_repeat_interleave(2)   # the prefix's keys and values for both sides of each pair
+            out, _ = _cached_forward(model, {"input_ids": cont, "attention_mask": am, arg: cache}, chunk_size)
+            del cache
+            return tuple(_score(model, torch.cat([pre, out[k::2, :ids[s].shape[1] - c]], 1), ids[s],
+                                inputs[f"dpo_{s}_response_mask"], average, chunk_size) for k, s in enumerate(("chosen", "rejected")))
+    return tuple(_sequence_logprobs(model, ids[s], inputs[f"dpo_{s}_response_mask"], masks[s], average, chunk_size)
+                 for s in ("chosen", "rejected"))
+
 def _replay_loss(model, inputs, config):
     "Channel 3 on checked inputs, through the criterion `config.dpo_variant` names."
     criterion = _criterion(REPLAY_CRITERIA, config.dpo_variant, "dpo_variant")
-    pc, pr = (_sequence_logprobs(model, inputs[f"dpo_{side}_input_ids"], inputs[f"dpo_{side}_response_mask"],
-                                 inputs.get(f"dpo_{side}_attention_mask"), criterion.average, config.chunk_size)
-              for side in ("chosen", "rejected"))
+    pc, pr = _pair_logprobs(model, inputs, criterion.average, config.chunk_size)
     rc = rr = None
     if criterion.needs_reference:
         rc, rr = (inputs[k].to(pc.device, pc.dtype) for k in DPO_REF_KEYS)

@@ -18,7 +18,8 @@ import torch
 
 from ..hint_generator import classify_error, dispatch
 from ..ingestion.core import action_to_message, as_blocks
-from ..loss import model_sequence_logprobs
+from ..checks import check_positive_int
+from ..loss import _check_model, _model_vocab, _pair_logprobs, _replay_inputs
 from .messages import (
     TokenizerLike, TraceTurn, assistant_spans, check_tools, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
 from .windows import (
@@ -416,9 +417,11 @@ def precompute_ref_logprobs(ref_model:torch.nn.Module, # frozen reference policy
                            ) -> dict[str, torch.Tensor]:
     "Fill `dpo_chosen_ref_logprobs` / `dpo_rejected_ref_logprobs` (P,) with the reference model's summed response log-probs."
     if "dpo_chosen_input_ids" not in batch: return batch
-    with torch.no_grad():
-        for side in ("chosen", "rejected"):
-            batch[f"dpo_{side}_ref_logprobs"] = model_sequence_logprobs(
-                ref_model, batch[f"dpo_{side}_input_ids"], batch[f"dpo_{side}_response_mask"],
-                attention_mask=batch.get(f"dpo_{side}_attention_mask"), chunk_size=chunk_size).detach()
+    check_positive_int(chunk_size, "chunk_size", none_ok=True); _check_model(ref_model)
+    if not _replay_inputs(batch, _model_vocab(ref_model), needs_reference=False):
+        missing = [f"dpo_{s}_{k}" for s in ("chosen", "rejected") for k in ("input_ids", "response_mask") if batch.get(f"dpo_{s}_{k}") is None]
+        raise ValueError(f"batch has dpo_chosen_input_ids but lacks {missing}: a pair needs both sides' ids and response masks")
+    with torch.no_grad():   # the prompt both sides share runs once (loss._pair_logprobs)
+        pc, pr = _pair_logprobs(ref_model, batch, False, chunk_size)
+    batch["dpo_chosen_ref_logprobs"], batch["dpo_rejected_ref_logprobs"] = pc.detach(), pr.detach()
     return batch

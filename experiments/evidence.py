@@ -212,8 +212,10 @@ def train(name:str, seed:int, data:dict, s:Settings, p:dict, work:Path):
         raise RuntimeError(f"{name}: DPO is on but no pair fits max_dpo_seq_len={s.max_dpo_seq_len} (collator: {dict(coll.stats)})")
     if k["alpha_sdpo"] > 0 and not used["sdpo_rows"]:
         raise RuntimeError(f"{name}: SDPO is on but no window has a distilled error site (collator: {dict(coll.stats)})")
+    t0 = time.perf_counter()
+    if k["beta_replay"] > 0: tr.data_collator = _with_cached_reference(tr, coll, rows, work/"dpo_reference.pt", s)
     timer = _StepTimer(); tr.add_callback(timer)
-    t0 = time.perf_counter(); tr.train(); train_s = time.perf_counter() - t0
+    tr.train(); train_s = time.perf_counter() - t0
     hist = [h for h in tr.state.log_history if "composer/total" in h]
     chans = ("lm_ce", "sdpo_jsd", "trace_replay_dpo", "total")
     log = {"train_s": train_s, "median_step_s": sorted(timer.times)[len(timer.times) // 2] if timer.times else None,
@@ -222,6 +224,30 @@ def train(name:str, seed:int, data:dict, s:Settings, p:dict, work:Path):
     if s.lora_r: model = model.merge_and_unload()   # evaluated as one plain model
     model.eval(); del tr
     return model, tok, log
+
+def _with_cached_reference(tr, coll, rows:list[dict], path:Path, s:Settings):
+    """`coll` with channel 3's reference log-probs filled in from a file kept in the work folder. The reference is the
+    untrained student, the same in every run that trains channel 3 (2 tuning units, 6 final ones), so each pair's values
+    are computed once, by the trainer's own `_with_ref_logprobs` before any step, and read by later runs: the same
+    numbers the trainer would compute in each step, without its two extra forward passes per pair and run."""
+    import hashlib, torch
+    table = torch.load(path) if path.exists() else {}
+    def key(b):
+        h = hashlib.sha256(f"{s.model}|lora={s.lora_r}|chunk={tr.chunk_size}".encode())
+        for n in sorted(k for k in b if k.startswith("dpo_") and not k.endswith("ref_logprobs") and isinstance(b[k], torch.Tensor)):
+            h.update(n.encode()); h.update(str(tuple(b[n].shape)).encode()); h.update(b[n].contiguous().numpy().tobytes())
+        return h.hexdigest()
+    new = 0
+    for b in rows:
+        if "dpo_chosen_input_ids" in b and key(b) not in table:
+            r = tr._with_ref_logprobs(dict(b))
+            table[key(b)] = (r["dpo_chosen_ref_logprobs"].cpu(), r["dpo_rejected_ref_logprobs"].cpu()); new += 1
+    if new: torch.save(table, path)
+    def collate(features):
+        b = coll(features)
+        if "dpo_chosen_input_ids" in b: b = {**b, **dict(zip(("dpo_chosen_ref_logprobs", "dpo_rejected_ref_logprobs"), table[key(b)]))}
+        return b
+    return collate
 
 def evaluate(model, tok, data:dict, split:str, s:Settings, greedy:bool) -> tuple[list[dict], dict]:
     "Per-state records at the split's error-recovery states (the margins; with `greedy`, the greedy next action too)."

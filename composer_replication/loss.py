@@ -279,11 +279,17 @@ def _lm_head_weight(model):
         raise ValueError("chunk_size is not supported for models that soft-cap or scale their logits; use chunk_size=None")
     return head.weight
 
+def _decoder(model, chunk_size):
+    "The module a forward goes through: the decoder (chunked; a peft model's adapted one, LoRA layers in place) or the causal LM (logits); None when chunked and the model has no decoder attribute."
+    if chunk_size is None: return model
+    if callable(getattr(model, "get_base_model", None)): model = model.get_base_model()
+    inner = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
+    return inner if isinstance(inner, torch.nn.Module) and inner is not model else None
+
 def _final_hidden(model, kw):
     "Final (normed) hidden states (B, T, d) without computing the LM head."
-    if callable(getattr(model, "get_base_model", None)): model = model.get_base_model()   # peft: the adapted base (LoRA layers in place)
-    inner = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
-    if isinstance(inner, torch.nn.Module) and inner is not model:
+    inner = _decoder(model, chunk_size=0)
+    if inner is not None:
         out = inner(**kw)
         return out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
     return model(**kw, output_hidden_states=True).hidden_states[-1]
@@ -448,13 +454,6 @@ def _shared_prefix(inputs:dict[str, Tensor], # dpo_{chosen,rejected}_input_ids (
     c = int(torch.minimum(same, torch.minimum(n_c, n_r) - 1).min())
     Tc, Tr = ids_c.shape[1], ids_r.shape[1]
     return c if c >= 1 and c + 2 * (max(Tc, Tr) - c) < Tc + Tr else 0
-
-def _decoder(model, chunk_size):
-    "The module a forward goes through: the decoder (chunked; a peft model's adapted one) or the causal LM (logits)."
-    if chunk_size is None: return model
-    if callable(getattr(model, "get_base_model", None)): model = model.get_base_model()
-    inner = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
-    return inner if isinstance(inner, torch.nn.Module) and inner is not model else None
 
 _CACHE_ARGS = ("cache", "past_key_values")   # the KV cache argument: transformers >= 5.2x names it `cache`, earlier releases `past_key_values`
 

@@ -239,9 +239,9 @@ def _with_cached_reference(tr, coll, rows:list[dict], path:Path, s:Settings):
         return h.hexdigest()
     new = 0
     for b in rows:
-        if "dpo_chosen_input_ids" in b and key(b) not in table:
-            r = tr._with_ref_logprobs(dict(b))
-            table[key(b)] = (r["dpo_chosen_ref_logprobs"].cpu(), r["dpo_rejected_ref_logprobs"].cpu()); new += 1
+        if "dpo_chosen_input_ids" not in b or (kb := key(b)) in table: continue
+        r = tr._with_ref_logprobs(dict(b))
+        table[kb] = (r["dpo_chosen_ref_logprobs"].cpu(), r["dpo_rejected_ref_logprobs"].cpu()); new += 1
     if new: torch.save(table, path)
     def collate(features):
         b = coll(features)

@@ -12,7 +12,7 @@ requirements = cfg.get("requirements", "").split()
 extras = {k[len("extras_"):]: v.split() for k, v in cfg.items() if k.startswith("extras_")}
 extras["dev"] = cfg.get("dev_requirements", "").split()
 extras["all"] = sorted({r for k, reqs in extras.items() if k != "dev" for r in reqs})
-licenses = {"apache2": ("Apache Software License 2.0", "OSI Approved :: Apache Software License")}
+licenses = {"apache2": ("Apache-2.0",)}
 statuses = ["1 - Planning", "2 - Pre-Alpha", "3 - Alpha", "4 - Beta", "5 - Production/Stable", "6 - Mature", "7 - Inactive"]
 py_versions = "3.10 3.11 3.12 3.13".split()
 lic = licenses[cfg["license"].lower()]
@@ -26,18 +26,18 @@ setuptools.setup(
     long_description_content_type="text/markdown",
     author=cfg["author"],
     author_email=cfg["author_email"],
-    license=lic[0],
+    license=lic[0],  # an SPDX expression (setuptools deprecates license classifiers)
     keywords=cfg["keywords"].split(),
     url=cfg["git_url"],
     classifiers=[
         "Development Status :: " + statuses[int(cfg["status"])],
         "Intended Audience :: " + cfg["audience"],
-        "License :: " + lic[1],
         "Natural Language :: " + cfg["language"],
     ] + ["Programming Language :: Python :: " + v for v in py_versions[py_versions.index(min_python):]],
-    packages=setuptools.find_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
+    # namespace discovery: the data folders (assets/*, recipes/replaysim) are packages too, so setuptools ships them quietly
+    packages=setuptools.find_namespace_packages(include=[cfg["lib_name"], cfg["lib_name"] + ".*"]),
     include_package_data=True,
-    package_data={cfg["lib_name"]: ["assets/**/*", "recipes/**/*.yaml"]},
+    package_data={"": ["*.json", "*.jinja", "*.jsonl", "*.yaml"]},
     install_requires=requirements,
     extras_require=extras,
     python_requires=">=" + min_python,

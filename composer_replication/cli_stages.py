@@ -133,6 +133,7 @@ def write_trl_dataset(pairs:list[dict], # DPOPairs
                      ) -> Path: # the train.jsonl written
     "A folder that `datasets.load_dataset` reads as TRL's conversational tool-calling preference dataset."
     from composer_replication.jsonl import write_jsonl
+    if not pairs: raise ValueError("no pairs: a dataset of 0 rows is not written (`datasets.load_dataset` cannot read an empty JSONL file)")
     p = Path(out_dir)/"train.jsonl"
     write_jsonl(p, trl_preference_rows(pairs, states))
     return p
@@ -190,13 +191,15 @@ def _endpoint(spec, base, key):
     return make_provider(spec.provider, base, key)
 
 async def _until_signalled(replay, got:list):
-    "Run `replay(stop)`; the first SIGINT/SIGTERM sets `stop` (the calls in flight are awaited and recorded), a second cancels."
+    "Run `replay(stop)`; a SIGINT/SIGTERM sets `stop`: nothing more is sent, and the calls in flight are awaited and recorded."
     import asyncio, signal
-    loop, stop, task = asyncio.get_running_loop(), asyncio.Event(), asyncio.current_task()
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
     def on(sig):
         got.append(sig)
         if len(got) == 1: stop.set()
-        else: task.cancel()          # a second signal: stop waiting for the calls in flight
+        else:   # a call in flight is paid for whatever happens: its answer is waited for (each call ends within its timeout)
+            print("composer-replication replay: still stopping: waiting for the calls in flight (already paid for) "
+                  "to be answered and recorded", file=sys.stderr, flush=True)
     saved = {}
     for sig in (signal.SIGINT, signal.SIGTERM):
         try: saved[sig] = signal.getsignal(sig); loop.add_signal_handler(sig, on, sig)
@@ -332,13 +335,14 @@ def _cmd_pairs(args) -> int:
         pairs = scrub(extract_dpo_pairs(states, rows, agreement_threshold=args.threshold, max_tool_calls=args.max_tool_calls, counts=counts))
         _stage("writing the pairs")
         save_pairs(pairs, out)
-        if trl is not None: _stage("writing the TRL dataset"); write_trl_dataset(pairs, states, args.trl)
+        if trl is not None and pairs: _stage("writing the TRL dataset"); write_trl_dataset(pairs, states, args.trl)
     except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
     except OSError as e: return _fail(f"cannot write: {e.strerror or e}: {e.filename or ''}")
     print(f"pairs: {len(pairs)} DPO pairs from {len(states)} states and {len(rows)} teacher results ({counts['ok']} ok, "
           f"{counts['failed']} failed, {counts['invalid_action']} invalid actions left out; agreement >= {args.threshold}); "
-          f"wrote {out}" + (f" and the TRL dataset {trl}" if trl else ""))
-    if not pairs: print("warning: 0 pairs: no state where enough teachers agree on an action the student did not take", file=sys.stderr)
+          f"wrote {out}" + (f" and the TRL dataset {trl}" if trl and pairs else ""))
+    if not pairs: print("warning: 0 pairs: no state where enough teachers agree on an action the student did not take"
+                        + ("; no TRL dataset written (0 rows)" if trl else ""), file=sys.stderr)
     return 0
 
 def _cmd_train(args) -> int:

@@ -6,16 +6,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import orjson
 
+_log = logging.getLogger(__name__)
+
 # %% auto #0
-__all__ = ['MAX_DEPTH', 'JsonlStats', 'loads_line', 'iter_jsonl', 'read_jsonl', 'dumps_line', 'write_jsonl', 'JsonlAppender']
+__all__ = ['MAX_DEPTH', 'JsonlStats', 'loads_line', 'iter_jsonl', 'read_jsonl', 'replace_lone_surrogates', 'dumps_line',
+           'write_jsonl', 'JsonlAppender']
 
 # %% ../nbs/08_jsonl.ipynb #97f9e5ff
 @dataclass
@@ -100,12 +106,30 @@ def read_jsonl(path:str|Path, # a JSONL file
     return list(iter_jsonl(path, st, objects_only)), st
 
 # %% ../nbs/08_jsonl.ipynb #064f2fdc
+def replace_lone_surrogates(x:Any, # a str, or a JSON-like value of lists and dicts holding strs (keys too)
+                            stats:Counter|None=None, # counts `lone_surrogates_replaced` when given
+                           )->Any:
+    "`x` with every lone UTF-16 surrogate replaced by U+FFFD (a high/low pair written as two code points becomes its character)."
+    if isinstance(x, str):
+        if not _SURROGATE.search(x): return x
+        out = x.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+        if stats is not None: stats["lone_surrogates_replaced"] += out.count("\ufffd") - x.count("\ufffd")
+        return out
+    if isinstance(x, dict): return {replace_lone_surrogates(k, stats): replace_lone_surrogates(v, stats) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [replace_lone_surrogates(v, stats) for v in x]
+    return x
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
 def dumps_line(rec:Any, # a JSON-serialisable value
-              )->bytes: # one line, ending in a newline
-    "One JSONL line: orjson, falling back to json for what orjson refuses (ints over 64 bits, non-string keys); NaN/inf become null."
+               stats:Counter|None=None, # counts `lone_surrogates_replaced` when given
+              )->bytes: # one line of valid UTF-8, ending in a newline
+    "One JSONL line: orjson, falling back to json for what orjson refuses (ints over 64 bits, non-string keys); NaN/inf become null, lone surrogates U+FFFD."
     try: return orjson.dumps(rec, option=orjson.OPT_NON_STR_KEYS) + b"\n"
-    except TypeError:
-        try: return json.dumps(rec, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8", "surrogatepass") + b"\n"
+    except TypeError as e:
+        if "surrogates not allowed" in str(e): return dumps_line(replace_lone_surrogates(rec, stats), stats)
+        try: return json.dumps(rec, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode("utf-8") + b"\n"
+        except UnicodeEncodeError: return dumps_line(replace_lone_surrogates(rec, stats), stats)
         except (TypeError, ValueError) as e: raise TypeError(f"record is not JSON-serialisable: {e}") from None
         except RecursionError: raise TypeError("record is not JSON-serialisable: nested too deeply") from None
 
@@ -114,7 +138,8 @@ def write_jsonl(path:str|Path, # the file to (re)write; parent folders are creat
                )->int: # the number of records written
     "Write a whole JSONL file atomically: every record is serialised first, then a temp file is renamed over `path`."
     path = Path(path)
-    lines = [dumps_line(r) for r in records]   # a record that cannot be written refuses the save before anything is touched
+    stats = Counter()
+    lines = [dumps_line(r, stats) for r in records]   # a record that cannot be written refuses the save before anything is touched
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -124,6 +149,7 @@ def write_jsonl(path:str|Path, # the file to (re)write; parent folders are creat
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True); raise
+    _warn_repairs(path, stats)
     return len(lines)
 
 class JsonlAppender:
@@ -135,17 +161,22 @@ class JsonlAppender:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.f = open(self.path, "ab")
         if self.f.tell() and not _ends_with_newline(self.path): self.f.write(b"\n")  # isolate a torn last line
-        self.written = 0
+        self.written, self.stats = 0, Counter()   # stats: `lone_surrogates_replaced`
 
     def write(self, rec:Any):
         "Append one record."
-        self.f.write(dumps_line(rec)); self.f.flush()
+        self.f.write(dumps_line(rec, self.stats)); self.f.flush()
         if self.fsync: os.fsync(self.f.fileno())
         self.written += 1
 
-    def close(self): self.f.close()
+    def close(self):
+        if not self.f.closed: self.f.close(); _warn_repairs(self.path, self.stats)
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
+
+def _warn_repairs(path, stats:Counter):
+    if stats["lone_surrogates_replaced"]:
+        _log.warning("%s: %d lone surrogate(s) replaced by U+FFFD (the file is valid UTF-8)", path, stats["lone_surrogates_replaced"])
 
 def _file_mode(path):
     if path.exists(): return path.stat().st_mode & 0o777

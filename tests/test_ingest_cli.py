@@ -68,3 +68,23 @@ def test_a_new_out_still_works(session, tmp_path):
     assert rows and all(r["state_id"].startswith("s::") for r in rows)
     again = ingest(session.parent, "--out", out)  # writing over an earlier output (not an input) is fine
     assert again.returncode == 0 and [orjson.loads(l) for l in out.read_bytes().splitlines()] == rows
+
+def test_a_lone_surrogate_in_a_tool_result_gives_valid_utf8(session, tmp_path):
+    "A `\\ud800` escape in a real session's tool result: states.jsonl is valid UTF-8, the repair counted on stdout."
+    src = SHARED / "06_ccviewer_1af7fc5e_v1.0.98.jsonl"   # tool results followed by more assistant turns
+    if not src.exists(): pytest.skip("shared fixtures missing")
+    lines = src.read_text(encoding="utf-8").splitlines()
+    i = next(k for k, l in enumerate(lines) if '"tool_result"' in l)
+    rec = orjson.loads(lines[i])
+    for blk in rec["message"]["content"]:
+        if blk.get("type") == "tool_result":
+            blk["content"] = "half an emoji: \ud83d" if isinstance(blk["content"], str) else [{"type": "text", "text": "half an emoji: \ud83d"}]
+    import json
+    lines[i] = json.dumps(rec)                     # ASCII with a \ud83d escape: valid JSON, a lone surrogate once parsed
+    session.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "states.jsonl"
+    r = ingest(session, "--out", out)
+    assert r.returncode == 0, r.stderr
+    text = out.read_bytes().decode("utf-8")        # strict: raises on any surrogate written as bytes
+    assert "half an emoji: \ufffd" in text
+    assert "lone surrogates replaced: " in r.stdout, r.stdout     # once per state whose history holds it

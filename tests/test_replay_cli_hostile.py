@@ -150,6 +150,29 @@ def test_a_signal_mid_run_records_the_calls_in_flight_and_the_resume_pays_nothin
     print(f"{name}: {sent_before} calls sent and recorded before the signal; {total - sent_before} on resume; total {total} == 40")
 
 
+@pytest.mark.parametrize("first, second", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGTERM)])
+def test_a_second_signal_loses_no_paid_answer(tmp_path, first, second):
+    "A second signal 0.7 s after the first, while calls are in flight: every answer the server sent is in the journal, none paid twice."
+    write_states(tmp_path/"states.jsonl", 20)
+    j = tmp_path/"rep"/"teacher_calls.jsonl"
+    with slow_server(1.5) as srv:
+        args = ("replay", tmp_path/"states.jsonl", "--teachers", f"{srv.url},a,b", "--max-usd", "1", "--out", tmp_path/"rep",
+                "--quiet", "--concurrency", "4")
+        p = spawn(*args)
+        wait_for_rows(j, 4)
+        time.sleep(0.3)                          # the next 4 calls are on their way
+        p.send_signal(first); time.sleep(0.7); p.send_signal(second)
+        out, err = p.communicate(timeout=60)
+        sent_before, rows = srv.calls, journal_rows(j)
+        r = spawn(*args); out2, err2 = r.communicate(timeout=120)
+        total, worst = srv.calls, max(srv.counts.values())
+    assert p.returncode in (130, 143), (p.returncode, err)
+    assert "Traceback" not in err, err
+    assert len(rows) == sent_before and all(r["error"] is None for r in rows), (sent_before, [r["error"] for r in rows])
+    assert r.returncode == 0, err2
+    assert (total, worst) == (40, 1), (total, worst)                    # the resume paid for nothing twice
+
+
 def test_a_failed_journal_write_stops_the_run_before_the_next_call(tmp_path, monkeypatch):
     from composer_replication.jsonl import JsonlAppender
     real, n = JsonlAppender.write, []
@@ -270,6 +293,10 @@ def test_invalid_answers_are_error_rows_counted_and_never_pairs(tmp_path):
     rc, out, err = run_cli("pairs", tmp_path/"rep", "--out", tmp_path/"pairs.jsonl", "--threshold", "1")
     assert rc == 0 and "0 DPO pairs" in out and "9 invalid actions left out" in out, out
     assert (tmp_path/"pairs.jsonl").read_text() == ""
+    rc, out, err = run_cli("pairs", tmp_path/"rep", "--out", tmp_path/"pairs2.jsonl", "--threshold", "1", "--trl", tmp_path/"trl")
+    assert rc == 0 and "TRL" not in out, out            # 0 pairs: no dataset `datasets.load_dataset` would die on
+    one_line(err, "0 pairs", "no TRL dataset written (0 rows)")
+    assert not (tmp_path/"trl"/"train.jsonl").exists()
 
 
 def test_max_tool_calls_is_an_option(tmp_path):

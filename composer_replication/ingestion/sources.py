@@ -368,5 +368,6 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
     if st.skipped_codex_files: print(f"Codex CLI rollouts not read: {st.skipped_codex_files} (use composer_replication.ingestion.codex.CodexIngester)")
     if st.skipped_subagent_files: print(f"subagent files not read: {st.skipped_subagent_files} (use skip_sidechain=False to ingest them)")
     print(f"redactions: {sum(st.redactions.values())} {st.redactions}" if redact else "redactions: off")
+    if w.stats["lone_surrogates_replaced"]: print(f"lone surrogates replaced: {w.stats['lone_surrogates_replaced']} (by U+FFFD: the file is valid UTF-8)")
     for w in st.version_warnings: print(f"warning: {w}")
     return 0

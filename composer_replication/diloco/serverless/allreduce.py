@@ -5,10 +5,12 @@
 # %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #d50b1226
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import struct
+import threading
 import time
 import uuid
 from typing import Any
@@ -36,6 +38,13 @@ def _filesystem(uri:str, storage_options:dict|None):
         raise RuntimeError(f"uri {uri!r} needs {pkg}, which is not installed: `pip install {pkg}` ({e})") from e
     except ValueError as e: raise ValueError(f"uri {uri!r} is not a location fsspec can open: {e}") from e
     return fs, root.rstrip("/")
+
+_MEMORY_LOCK = threading.Lock()
+
+def _memory_lock(fs):
+    "A lock for `fs`'s calls: fsspec's `memory://` store is a dict shared by the whole process and not safe across threads\n    (a listing that iterates it while another thread writes raises 'dictionary changed size'); other backends need none."
+    from fsspec.implementations.memory import MemoryFileSystem
+    return _MEMORY_LOCK if isinstance(fs, MemoryFileSystem) else contextlib.nullcontext()
 
 def _header(data:bytes, # the file's bytes, or at least its first 8 + header-length bytes
             where:str, # what to call the file in errors
@@ -93,6 +102,7 @@ class ObjectStoreAllReduce:
         self.fs, self._root = _filesystem(self.uri, storage_options)
         if run_id is not None: self._root += f"/run_{run_id}"
         self._local = isinstance(self.fs, LocalFileSystem)
+        self._fs_lock = _memory_lock(self.fs)  # fsspec's memory store is one dict per process: ranks in threads take turns on it
         self._round_counter = 0 if round_id is None else round_id
         self.bytes_written = self.bytes_read = 0
         self.last_wait: dict[str, Any] = {}
@@ -125,15 +135,16 @@ class ObjectStoreAllReduce:
                 raise
         else:
             data = st.save(tensors, metadata=meta); n = len(data)
-            self.fs.pipe_file(path, data)  # a single PUT: object stores publish it whole or not at all
+            with self._fs_lock: self.fs.pipe_file(path, data)  # a single PUT: object stores publish it whole or not at all
         self.bytes_written += n
 
     def _names(self, d:str) -> list[str]:
         "The entries of folder `d` (none when it does not exist)."
         try:
             if self._local: return os.listdir(d)
-            self.fs.invalidate_cache(d)  # listings are cached by some backends (s3fs)
-            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
+            with self._fs_lock:
+                self.fs.invalidate_cache(d)  # listings are cached by some backends (s3fs)
+                return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
         except FileNotFoundError: return []
 
     def _posted(self, r:int) -> set[int]:
@@ -159,7 +170,8 @@ class ObjectStoreAllReduce:
                 if len(head) == 8: head += f.read(min(struct.unpack("<Q", head)[0], 100_000_000))
             data, load = head, lambda: st.load_file(path)
         else:
-            data = self.fs.cat_file(path); size = len(data); load = lambda: st.load(data)
+            with self._fs_lock: data = self.fs.cat_file(path)
+            size = len(data); load = lambda: st.load(data)
         self.bytes_read += size
         meta = _header(data, where, size).get("__metadata__") or {}
         want = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(k), "world_size": str(self.world_size), "name": key}
@@ -193,7 +205,8 @@ class ObjectStoreAllReduce:
 
     def _delete_own(self, r:int):
         "Remove this rank's file of round `r` (every peer has read it) and the round's directory once empty."
-        try: self.fs.rm_file(self._rank_path(r, self.rank))
+        try:
+            with self._fs_lock: self.fs.rm_file(self._rank_path(r, self.rank))
         except FileNotFoundError: pass
         if self._local:
             try: os.rmdir(self._round_dir(r))

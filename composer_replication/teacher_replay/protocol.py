@@ -400,14 +400,3 @@ def retry_after_s(headers:Any, # HTTP response headers (any mapping)
     if not found and isinstance(ras, (int, float)) and not isinstance(ras, bool): found.append(float(ras))
     found = [w for w in found if math.isfinite(w)]          # "nan", "inf", "1e999": the server did not say
     return max(0.0, max(found)) if found else None
-
-# %% ../../nbs/15a_teacher_replay.protocol.ipynb #h24b7ea8616
-_PROVIDER_NAMES = ("OPENROUTER_BASE_URL", "check_base_url", "check_api_key", "Provider", "OpenAICompatibleProvider", "OpenRouterProvider",
-                   "resolve_provider", "TEACHER_PROVIDERS", "make_provider", "api_key_from_env", "check_env_name")
-
-def __getattr__(name):
-    "The provider seam moved to `teacher_replay.providers` (it imports this module): its names still import from here."
-    if name in _PROVIDER_NAMES:
-        from . import providers
-        return getattr(providers, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -121,6 +121,30 @@ def test_commands_cannot_write_outside(sb, repo):
     assert not Path("/etc/pwned").exists() and sorted(os.listdir(sys.prefix)) == venv_before
 
 
+# --- privileges: none inside, even when the host runs as root ---
+
+@pytest.mark.parametrize("cmd,says", [
+    ("mount -t tmpfs none /usr", "permission denied"),
+    ("mount --bind / /tmp", "permission denied"),
+    ("mknod /tmp/null2 c 1 3", "Operation not permitted"),
+    ("echo 1 > /proc/sys/vm/drop_caches", "Read-only file system"),          # sysctls check the uid, not a capability
+    ("echo '|/tmp/x' > /proc/sys/kernel/core_pattern", "Read-only file system"),
+    ("hostname evil", "must be root"),
+    ("ip link set lo down", "Operation not permitted"),
+    ("nsenter -t 1 -m true", "Operation not permitted"),
+    ("ulimit -Hu unlimited", "cannot modify limit"),
+    ("ls /sys/fs/cgroup", "No such file or directory"),
+    ("grep -E '^Cap(Prm|Eff):' /proc/self/status | grep -v 0000000000000000", ""),
+])
+def test_no_privileges(sb, cmd, says):
+    r = sb.run(cmd)
+    assert r.returncode != 0 and says in r.stderr, r
+
+
+def test_no_new_privileges(sb):
+    assert "NoNewPrivs:\t1" in sb.run("cat /proc/self/status").stdout
+
+
 # --- secrets: files and the parent's environment ---
 
 def test_host_secret_file_not_readable(sb, repo, tmp_path):

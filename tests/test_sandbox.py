@@ -357,3 +357,65 @@ def test_modal_backend_without_modal(repo):
             f"try: Sandbox({str(repo)!r}, backend='modal')\nexcept SandboxError as e: print(e)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert "pip install composer-replication[modal]" in r.stdout, r.stderr[-2000:]
+
+
+# --- more of the boundary ---
+
+def test_only_its_own_processes_visible(sb):
+    n = int(sb.run("ls /proc | grep -E '^[0-9]+$' | wc -l").stdout)
+    assert n <= 6, n  # the server, the shell, its pipeline
+    assert sb.run("tr '\\0' '\\n' < /proc/1/cmdline | head -4").stdout.splitlines() == [sys.executable, "-I", "-S", "-c"]
+    names = sb.run("tr '\\0' '\\n' < /proc/1/environ | cut -d= -f1").stdout.split()
+    assert set(names) <= {"PATH", "HOME", "LANG", "PWD"}, names  # PWD: bubblewrap sets it to the workdir
+    r = sb.run(f"ls /proc/{os.getpid()}/environ; kill -0 {os.getpid()}")
+    assert r.returncode != 0
+
+
+def test_command_symlinks_lead_nowhere(sb, repo):
+    r = sb.run("ln -s / root_link; ln -s /etc/shadow shadow; cat root_link/etc/shadow shadow root_link/root/.bashrc; "
+               f"ln {sys.executable} hard 2>&1; ls root_link/work")
+    assert "Invalid cross-device link" in r.stdout and "No such file" in r.stderr and "root:" not in r.stdout, r
+    assert not (repo / "hard").exists() or (repo / "hard").stat().st_nlink == 1
+    with pytest.raises(SandboxError, match="outside"): sb.read("shadow")
+    with pytest.raises(SandboxError, match="outside"): sb.write("root_link/tmp/x", "x")
+
+
+def test_closed_sandbox_refuses(repo):
+    sb = Sandbox(repo)
+    cgroups = list(sb.backend.cgroups)
+    sb.run("sleep 100 >/dev/null 2>&1 & setsid sleep 100 >/dev/null 2>&1 & sleep 0.2")
+    sb.close(); sb.close()  # idempotent
+    with pytest.raises(SandboxError, match="closed"): sb.run("true")
+    assert not any(map(os.path.exists, cgroups))
+
+
+def test_concurrent_sandboxes_from_threads(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+    def one(k):
+        w = tmp_path / f"w{k}"; w.mkdir()
+        with Sandbox(w) as sb:
+            sb.write("id.txt", f"{k}\n"); sb.run(f"echo {k} > /tmp/id")
+            time.sleep(0.3)
+            return sb.run("cat /tmp/id id.txt; ls ..").stdout
+    with ThreadPoolExecutor(4) as ex: outs = list(ex.map(one, range(4)))
+    for k, out in enumerate(outs): assert out.splitlines()[:2] == [str(k), str(k)] and f"w{(k + 1) % 4}" not in out, out
+
+
+def test_rlimit_fallback_without_cgroups(repo, monkeypatch):
+    "A non-root host without a writable cgroup: the server sets RLIMIT_NPROC and RLIMIT_AS (as root here only AS binds)."
+    monkeypatch.setattr(S, "_make_cgroups", lambda *a: None)
+    monkeypatch.setattr(S.os, "geteuid", lambda: 1000)
+    with Sandbox(repo, memory_mb=512) as sb:
+        assert sb.backend.cgroups is None
+        r = sb.run("python -c \"b = bytearray(1 << 30)\"")
+        assert r.returncode == 1 and "MemoryError" in r.stderr, r
+        assert sb.run("ulimit -v; ulimit -u").stdout.split() == [str(512 << 10), "256"]
+
+
+def test_per_call_timeout_and_output_bytes(repo):
+    with Sandbox(repo, timeout_s=5, max_output_bytes=100) as sb:
+        r = sb.run("printf 'a%.0s' $(seq 1 80); printf 'b%.0s' $(seq 1 80) >&2")
+        assert r.truncated and len(r.stdout) + len(r.stderr) == 100
+        r = sb.run("printf 'é%.0s' $(seq 1 10)")  # 20 bytes of UTF-8
+        assert r.stdout == "é" * 10 and not r.truncated
+        assert sb.run("sleep 3", timeout_s=0.5).timed_out and not sb.run("sleep 0.1").timed_out

@@ -419,3 +419,23 @@ def test_per_call_timeout_and_output_bytes(repo):
         r = sb.run("printf 'é%.0s' $(seq 1 10)")  # 20 bytes of UTF-8
         assert r.stdout == "é" * 10 and not r.truncated
         assert sb.run("sleep 3", timeout_s=0.5).timed_out and not sb.run("sleep 0.1").timed_out
+
+
+def test_venv_inside_the_workdir_stays_read_only():
+    "With the repository itself as workdir, its .venv (the host's Python) is mounted read-only over the writable folder."
+    if not Path(sys.prefix).resolve().is_relative_to(REPO): pytest.skip("the venv is not inside the repository")
+    probe = Path(sys.prefix) / f"pwned-{os.getpid()}"
+    try:
+        with Sandbox(REPO) as sb:
+            r = sb.run(f"touch {probe}; echo x >> {sys.prefix}/pyvenv.cfg")
+        assert r.stderr.count("Read-only file system") == 2 and not probe.exists(), r
+    finally: probe.unlink(missing_ok=True)
+
+
+def test_failed_start_leaves_no_cgroup(repo, monkeypatch):
+    made = []
+    real = S._make_cgroups
+    monkeypatch.setattr(S, "_make_cgroups", lambda *a: made.extend(real(*a)) or made)
+    monkeypatch.setattr(S.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no exec")))
+    with pytest.raises(OSError, match="no exec"): Sandbox(repo)
+    assert made and not any(map(os.path.exists, made))

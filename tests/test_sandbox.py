@@ -439,3 +439,29 @@ def test_failed_start_leaves_no_cgroup(repo, monkeypatch):
     monkeypatch.setattr(S.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no exec")))
     with pytest.raises(OSError, match="no exec"): Sandbox(repo)
     assert made and not any(map(os.path.exists, made))
+
+
+NONROOT = '''import sys
+sys.path.insert(0, sys.argv[2])
+from composer_replication.sandbox import Sandbox
+with Sandbox(sys.argv[1], memory_mb=256, max_processes=32) as sb:
+    assert sb.backend.cgroups is None
+    print(sb.run("id -u; ulimit -u; grep -E 'CapEff|CapBnd|NoNewPrivs' /proc/self/status").stdout, end="")
+    print(sb.run("python3 -c 'b = bytearray(1 << 30)'").stderr.splitlines()[-1])
+    r = sb.run("f() { f | f & }; f; sleep 1", timeout_s=3)
+    print(sb.run("echo alive").stdout, end="")
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists() or not Path("/usr/bin/setpriv").exists(),
+                    reason="needs root (to become nobody), setpriv and a system Python")
+def test_non_root_host_uses_rlimits(tmp_path):
+    "A non-root host (nobody, the system Python: the module needs nothing beyond the standard library) has no cgroup to make: RLIMIT_NPROC/RLIMIT_AS inside bubblewrap's user namespace bound it."
+    import shutil, tempfile
+    w = Path(tempfile.mkdtemp(prefix="sandbox-nobody-")); os.chown(w, 65534, 65534)
+    try:
+        r = subprocess.run(["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups", "/usr/bin/python3", "-c", NONROOT,
+                            str(w), str(REPO)], capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+        assert r.stdout.splitlines() == ["65534", "32", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1",
+                                         "MemoryError", "alive"], (r.stdout, r.stderr[-2000:])
+    finally: shutil.rmtree(w)

@@ -134,7 +134,8 @@ def test_commands_cannot_write_outside(sb, repo):
     ("nsenter -t 1 -m true", "Operation not permitted"),
     ("ulimit -Hu unlimited", "cannot modify limit"),
     ("ls /sys/fs/cgroup", "No such file or directory"),
-    ("grep -E '^Cap(Prm|Eff):' /proc/self/status | grep -v 0000000000000000", ""),
+    ("grep -E '^Cap(Prm|Eff|Bnd|Amb):' /proc/self/status | grep -v 0000000000000000", ""),
+    ("unshare -U -r true", "unshare failed"),                                  # no user namespace to regain capabilities in
 ])
 def test_no_privileges(sb, cmd, says):
     r = sb.run(cmd)

@@ -162,6 +162,7 @@ def test_host_secret_file_not_readable(sb, repo, tmp_path):
 def test_parent_environment_not_visible(repo, monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-parent-secret")
     with Sandbox(repo, env={"GIVEN": "yes"}) as sb:
+        assert Path(f"/proc/{sb.backend.proc.pid}/environ").read_bytes() == b""  # bubblewrap itself started with nothing
         r = sb.run("env; cat /proc/1/environ /proc/*/environ /proc/self/environ | tr '\\0' '\\n'; "
                    "grep -r sk-ant /proc/*/environ /proc/*/cmdline 2>/dev/null; echo end")
     assert "sk-ant-parent-secret" not in r.stdout + r.stderr and "ANTHROPIC" not in r.stdout

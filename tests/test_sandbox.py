@@ -467,3 +467,11 @@ def test_non_root_host_uses_rlimits(tmp_path):
         assert r.stdout.splitlines() == ["65534", "32", "CapEff:\t0000000000000000", "CapBnd:\t0000000000000000", "NoNewPrivs:\t1",
                                          "MemoryError", "alive"], (r.stdout, r.stderr[-2000:])
     finally: shutil.rmtree(w)
+
+
+def test_read_bounded_by_max_output_bytes(repo):
+    (repo / "big.txt").write_bytes(b"x" * 2_000_000 + b"y")
+    with Sandbox(repo, max_output_bytes=1_000_000) as sb:
+        with pytest.raises(SandboxError, match=r"big.txt is 2,000,001 bytes, over the limit of 1,000,000"): sb.read("big.txt")
+        assert sb.run("head -c 10 big.txt").stdout == "x" * 10
+        assert sb.edit("big.txt", "xy", "z") == 1  # an edit is bounded by the server's own limit (64 MiB), not the output's

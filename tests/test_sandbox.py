@@ -475,3 +475,17 @@ def test_read_bounded_by_max_output_bytes(repo):
         with pytest.raises(SandboxError, match=r"big.txt is 2,000,001 bytes, over the limit of 1,000,000"): sb.read("big.txt")
         assert sb.run("head -c 10 big.txt").stdout == "x" * 10
         assert sb.edit("big.txt", "xy", "z") == 1  # an edit is bounded by the server's own limit (64 MiB), not the output's
+
+
+def test_stale_cgroups_removed(repo):
+    "A host killed with SIGKILL cannot remove its sandbox's cgroups; the next sandbox removes empty ones over a minute old."
+    with Sandbox(repo) as sb: parents = [os.path.dirname(d) for d in sb.backend.cgroups]
+    stale, fresh = [Path(p, "composer-sandbox-stale0test") for p in parents], [Path(p, "composer-sandbox-fresh0test") for p in parents]
+    for d in stale + fresh: d.mkdir()
+    try:
+        for d in stale: os.utime(d, (time.time() - 3600, time.time() - 3600))
+        with Sandbox(repo): pass
+        assert not any(d.exists() for d in stale) and all(d.exists() for d in fresh)
+    finally:
+        for d in stale + fresh:
+            if d.exists(): d.rmdir()

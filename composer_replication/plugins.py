@@ -22,6 +22,7 @@ PLUGIN_GROUPS = {  # kind -> the entry-point group installed packages declare it
     "sdpo_criteria": "composer_replication.sdpo_criteria",          # a channel-2 criterion: `loss.sdpo_wrapper`
     "replay_criteria": "composer_replication.replay_criteria",      # a channel-3 ReplayCriterion: `loss.dpo_variant`
     "environments": "composer_replication.environments",            # TRL's environment_factory for on-policy rollouts: `grpo.environment`
+    "sandboxes": "composer_replication.sandboxes",                  # a SandboxBackend where an agent's commands run: `Sandbox(..., backend=NAME)`
 }
 
 class PluginError(ValueError):

@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 setup() {
+  bubblewrap
   local py=${PYTHON:-python3}
   [ -x .venv/bin/python ] || "$py" -m venv .venv
   # Reinstall only when the declared dependencies changed since the last setup.
@@ -32,6 +33,15 @@ setup() {
   # data-juicer installs ray with uv on first use; uv ignores pip's torch cap unless told.
   if [ -f /etc/xdg/pip/constraints.txt ]; then export UV_CONSTRAINT=/etc/xdg/pip/constraints.txt; fi
   export PATH="$PWD/.venv/bin:$PATH" HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+}
+
+# composer_replication.sandbox runs an agent's commands in bubblewrap (Debian's bubblewrap, installed when root and missing;
+# without it the local sandbox refuses to run, and its tests skip).
+bubblewrap() {
+  if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends bubblewrap >/dev/null; } ||
+      echo "could not install bubblewrap: the local sandbox will refuse to run (its tests skip)" >&2
+  fi
 }
 
 # The docs audit opens the built site in a real headless browser: Debian's chromium (installed when root and missing).

@@ -59,9 +59,9 @@ def _check_trackers(training:dict):
         if not mods and found is not None and not found():
             raise _err("training.report_to", f"{name}: transformers finds no {name} package installed here (install it, or report_to: none)")
 
-def _world_size() -> int:
-    "The processes of this launch: torchrun's / accelerate launch's WORLD_SIZE, 1 alone."
-    try: return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+def _launch_size() -> int:
+    "The processes of this torchrun / accelerate launch: WORLD_SIZE where LOCAL_RANK says a launcher started us; 1 alone (a DiLoCo replica's WORLD_SIZE counts replicas)."
+    try: return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1)) if os.environ.get("LOCAL_RANK") not in (None, "") else 1
     except ValueError: return 1
 
 def _cpu_launch(kw:dict, # the training arguments
@@ -82,7 +82,7 @@ def _args(recipe:Recipe):
     kw = dict(recipe.training)
     if "dataloader_pin_memory" not in kw and not _accelerator():
         kw["dataloader_pin_memory"] = False   # nothing to pin memory for: torch would warn at every DataLoader
-    kw = _cpu_launch(kw, _world_size(), _accelerator())
+    kw = _cpu_launch(kw, _launch_size(), _accelerator())
     try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **kw)
     except (TypeError, ValueError) as e: raise _err("training", " ".join(str(e).split())[:400]) from None
 

@@ -411,6 +411,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
     pairs = extract_dpo_pairs(states, results, agreement_threshold=AGREEMENT_THRESHOLD)
     save_pairs(pairs, run/"pairs.jsonl")
+    if not pairs: recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, pairs=None))   # no DPO data: an empty data.pairs is refused
     save_recipe(recipe, run/"recipe.yaml")   # `train --config` on it reproduces the training: it is what the demo trains
     t_replay = time.perf_counter() - t1
     say(f"[2/6] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "

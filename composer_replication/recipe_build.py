@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, RecipeError, _collator_config_kwargs, _err,
+from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, RecipeError, _collator_config_kwargs, _did_you_mean, _err,
                                          save_recipe)
 
 # %% auto #0
@@ -39,6 +39,42 @@ def _report_to(training:dict) -> list[str]:
         raise _err("training.report_to", f"must be none, an integration name (tensorboard, wandb, ...) or a list of them, got {v!r:.60}")
     return [x for x in vals if x != "none"]
 
+def _known_trackers() -> list[str]:
+    "The `report_to` values transformers accepts: its integrations (`INTEGRATION_TO_CALLBACK`), then 'all' and 'none'."
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+    return sorted({*INTEGRATION_TO_CALLBACK, "all", "none"})
+
+def _check_trackers(training:dict):
+    "Every `report_to` name is a tracker transformers knows, and its package is installed (transformers' own `is_<name>_available`)."
+    from transformers.integrations import integration_utils as iu
+    names, known = _report_to(training), _known_trackers()
+    for name in names:
+        if name not in known: raise _err("training.report_to", f"unknown tracker {name!r}{_did_you_mean(name, known)}; the known trackers are {', '.join(known)}")
+    if "all" in names and len(names) > 1: raise _err("training.report_to", f"'all' stands alone (every installed tracker), got {names}")
+    for name in names:
+        mods = REPORT_TO_PACKAGES.get(name)
+        if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
+            raise _err("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
+        found = getattr(iu, f"is_{name.replace('_', '')}_available", None) or getattr(iu, f"is_{name.split('_')[0]}_available", None)
+        if not mods and found is not None and not found():
+            raise _err("training.report_to", f"{name}: transformers finds no {name} package installed here (install it, or report_to: none)")
+
+def _launch_size() -> int:
+    "The processes of this torchrun / accelerate launch: WORLD_SIZE where LOCAL_RANK says a launcher started us; 1 alone (a DiLoCo replica's WORLD_SIZE counts replicas)."
+    try: return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1)) if os.environ.get("LOCAL_RANK") not in (None, "") else 1
+    except ValueError: return 1
+
+def _cpu_launch(kw:dict, # the training arguments
+                world:int, # processes in this launch
+                accelerator:bool, # whether this machine has a GPU (or another accelerator)
+               ) -> dict:
+    "`kw` with `use_cpu` set where `world` processes share a machine with no accelerator: accelerate makes such a launch data-parallel (gloo) only so."
+    if world == 1 or accelerator: return kw
+    if kw.get("use_cpu") is False:
+        raise _err("training.use_cpu", f"is false, but this launch has {world} processes and no accelerator: they would train {world} separate "
+                                       "copies; remove it (processes on CPUs train data-parallel, over gloo)")
+    return {**kw, "use_cpu": True}
+
 def _args(recipe:Recipe):
     "TrainingArguments (GRPOConfig in grpo mode) from the recipe; their own checks become RecipeErrors."
     if recipe.mode == "grpo": from trl import GRPOConfig as cls
@@ -46,6 +82,7 @@ def _args(recipe:Recipe):
     kw = dict(recipe.training)
     if "dataloader_pin_memory" not in kw and not _accelerator():
         kw["dataloader_pin_memory"] = False   # nothing to pin memory for: torch would warn at every DataLoader
+    kw = _cpu_launch(kw, _launch_size(), _accelerator())
     try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **kw)
     except (TypeError, ValueError) as e: raise _err("training", " ".join(str(e).split())[:400]) from None
 
@@ -88,10 +125,26 @@ def _environment(recipe:Recipe, # a recipe with grpo.environment set
     if not prompts: raise _err("grpo.kinds", f"{g.split} has no episode of kinds {g.kinds}")
     return envs.suite_environment(tasks), envs.suite_dataset(prompts)
 
+def _has_row(path:str, ok=lambda r: True) -> bool:
+    "Whether the JSONL file holds a record `ok` accepts (read up to the first one)."
+    from composer_replication.jsonl import iter_jsonl
+    return any(ok(r) for r in iter_jsonl(path))
+
+def _check_rows(recipe:Recipe):
+    "Every data file a channel with weight > 0 reads holds a row: an empty one is a RecipeError naming its key and the file."
+    from composer_replication.teacher_replay.pairs import pair_problem
+    d, loss = recipe.data, recipe.loss
+    if d.states is not None and not _has_row(d.states): raise _err("data.states", f"{d.states} holds no TraceState (no line is a JSON object)")
+    if d.pairs is not None and loss.beta_replay > 0 and recipe.collator["enable_replay_dpo"] and not _has_row(d.pairs, lambda p: pair_problem(p) is None):
+        raise _err("data.pairs", f"{d.pairs} holds no DPO pair, so the DPO channel (loss.beta_replay: {loss.beta_replay:g}) would train on "
+                                 "nothing; give pairs, or set data.pairs: null / loss.beta_replay: 0")
+    if recipe.mode == "grpo" and d.prompts is not None and not _has_row(d.prompts, lambda r: isinstance(r.get("prompt"), (str, list)) and r["prompt"]):
+        raise _err("data.prompts", f"{d.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
+
 def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
                  *, needs_data:bool=True, # False: the caller brings the examples (a DiLoCo replica's shard), data.states may be null
                 ) -> Recipe:
-    "Preflight what a run needs beyond the recipe's own checks: the files, the model folder, the reward, the trackers' packages."
+    "Preflight what a run needs beyond the recipe's own checks: the files (and their rows), the model folder, the reward, the trackers, the launch."
     if not isinstance(recipe, Recipe): raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
     d = recipe.data
     if needs_data and recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
@@ -102,6 +155,7 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
     for k in ("states", "pairs", "prompts"):
         p = getattr(d, k)
         if p is not None and not Path(p).is_file(): raise _err(f"data.{k}", f"not found: {p}" + (" (a folder, not a JSONL file)" if Path(p).is_dir() else ""), FileNotFoundError)
+    if needs_data: _check_rows(recipe)
     if recipe.model not in BUILTIN_MODELS:
         p = Path(recipe.model)
         if not p.is_dir(): raise _err("model", f"must be one of {list(BUILTIN_MODELS)} or a Hugging Face model folder; not found: {recipe.model}", FileNotFoundError)
@@ -114,10 +168,7 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
     else:
         for k in ("reward", "environment"):
             if getattr(g, k) is not None: raise _err(f"grpo.{k}", "is used in grpo mode only; remove it or set mode: grpo")
-    for name in _report_to(recipe.training):
-        mods = REPORT_TO_PACKAGES.get(name)
-        if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
-            raise _err("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
+    _check_trackers(recipe.training)
     hg = recipe.collator["hint_generator"]
     if hg is not None: _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")
     if recipe.lora is not None and importlib.util.find_spec("peft") is None:

@@ -192,3 +192,71 @@ def test_grpo_recipe_with_a_users_environment(tmp_path, monkeypatch):
     (tmp_path/"bad.yaml").write_text((tmp_path/"env.yaml").read_text().replace("my_env:Counter", "my_env:Countr"))
     rc, out, err = run_cli("train", "--config", tmp_path/"bad.yaml")
     assert rc == 2 and "grpo.environment 'my_env:Countr': 'my_env' has no attribute 'Countr' (did you mean 'Counter'?)" in err, err
+
+
+@pytest.mark.parametrize("change, needles", [
+    ({"report_to": "neptune2"}, ["training.report_to: unknown tracker 'neptune2'", "the known trackers are all, azure_ml,", "neptune, none,"]),
+    ({"pairs": "empty.jsonl"}, ["data.pairs: ", "empty.jsonl holds no DPO pair", "loss.beta_replay: 0.5"]),
+    ({"pairs": "blank.jsonl"}, ["data.pairs: ", "blank.jsonl holds no DPO pair"]),   # lines, but no pair among them
+    ({"states": "empty.jsonl"}, ["data.states: ", "empty.jsonl holds no TraceState"]),
+])
+def test_preflight_refuses_before_the_model_loads(tmp_path, monkeypatch, change, needles):
+    "Issue 35.4: an unknown tracker, or an empty file for a channel with weight > 0, is exit 2 naming the key (and the file), nothing loaded or written."
+    from composer_replication import recipe_build
+    from composer_replication.demo import SAMPLE_SESSION
+    from composer_replication.ingestion.claude_code import ClaudeCodeIngester
+    from composer_replication.jsonl import write_jsonl
+    write_jsonl(tmp_path/"states.jsonl", list(ClaudeCodeIngester().ingest(SAMPLE_SESSION)))
+    (tmp_path/"empty.jsonl").write_text(""); (tmp_path/"blank.jsonl").write_text("\n\nnot json\n[1, 2]\n{\"state_id\": \"x\"}\n")
+    d = {"states": "states.jsonl", "pairs": "empty.jsonl", "report_to": "none", **change}
+    if "pairs" not in change: d["pairs"] = None
+    (tmp_path/"r.yaml").write_text(f"model: tiny\noutput_dir: out\ndata: {{states: {d['states']}, pairs: {d['pairs'] or 'null'}}}\n"
+                                   f"loss: {{beta_replay: 0.5}}\ntraining: {{max_steps: 1, report_to: {d['report_to']}}}\n")
+    def loads(*a, **k): raise AssertionError("the model was loaded")
+    monkeypatch.setattr(recipe_build, "load_recipe_model", loads)
+    rc, out, err = run_cli("train", "--config", tmp_path/"r.yaml")
+    assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), (rc, err)
+    for n in needles: assert n in err, (n, err)
+    assert not (tmp_path/"out").exists()
+
+
+def test_empty_pairs_pass_when_the_dpo_channel_is_off(tmp_path):
+    from composer_replication.recipe import check_recipe, load_recipe
+    (tmp_path/"states.jsonl").write_text("{}\n"); (tmp_path/"pairs.jsonl").write_text("")
+    for loss in ("{beta_replay: 0}", "{beta_replay: 0.5}\ncollator: {enable_replay_dpo: false}"):
+        (tmp_path/"r.yaml").write_text(f"data: {{states: states.jsonl, pairs: pairs.jsonl}}\nloss: {loss}\n")
+        r = load_recipe(tmp_path/"r.yaml"); assert check_recipe(r) is r
+
+
+def test_a_cpu_launch_refuses_use_cpu_false(tmp_path, monkeypatch):
+    "Issue 35.5: 2 processes on CPUs with use_cpu: false would train two copies: exit 2 before training, one line."
+    from composer_replication import recipe_build
+    monkeypatch.setattr(recipe_build, "_accelerator", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2"); monkeypatch.setenv("LOCAL_RANK", "0")   # what torchrun sets (rank 0's launch)
+    (tmp_path/"states.jsonl").write_text("{}\n")
+    (tmp_path/"r.yaml").write_text("data: {states: states.jsonl}\ntraining: {use_cpu: false}\n")
+    rc, out, err = run_cli("train", "--config", tmp_path/"r.yaml")
+    assert rc == 2 and len(err.splitlines()) == 1, (rc, err)
+    assert "training.use_cpu: is false, but this launch has 2 processes and no accelerator" in err, err
+
+
+def test_a_diloco_replicas_world_size_is_not_a_launch(monkeypatch):
+    "A DiLoCo replica (HF Jobs, Modal) has WORLD_SIZE = its replicas but no launcher's LOCAL_RANK: its arguments stay one process's."
+    from composer_replication import recipe_build
+    from composer_replication.recipe import Recipe
+    monkeypatch.setattr(recipe_build, "_accelerator", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "4"); monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert recipe_build._launch_size() == 1
+    a = recipe_build._args(Recipe(training={"max_steps": 1}))
+    assert not a.use_cpu and a.world_size == 1
+
+
+def test_a_demo_with_no_pairs_writes_a_recipe_that_trains(tmp_path):
+    "A demo whose replay mined 0 pairs (a $0 budget) writes data.pairs: null, so `train --config` on its recipe passes the preflight."
+    from composer_replication.demo import DemoConfig, run_demo
+    from composer_replication.recipe import check_recipe
+    s = run_demo(DemoConfig(out=str(tmp_path), name="broke", steps=1, model="tiny", max_total_usd=0), progress=False)
+    assert s["pairs"] == 0 and (tmp_path/"broke"/"pairs.jsonl").exists()
+    r = load_recipe(tmp_path/"broke"/"recipe.yaml")
+    assert r.data.pairs is None and r.data.states == str(tmp_path/"broke"/"states.jsonl")
+    assert check_recipe(r) is r

@@ -15,7 +15,8 @@ from torch import Tensor
 __all__ = ['REDUCTIONS', 'IGNORE_INDEX', 'check_number', 'check_range', 'check_temperature', 'check_unit_interval',
            'check_positive_int', 'one_of', 'check_choice', 'check_reduction', 'as_device', 'check_tensor',
            'check_int_tensor', 'check_logit_pair', 'check_same_device_dtype', 'check_logps', 'value_range',
-           'has_neg_inf', 'token_weights', 'check_num_items', 'reduce_per_token', 'acc_dtype', 'kl_rows']
+           'has_neg_inf', 'token_weights', 'check_num_items', 'reduce_per_token', 'acc_dtype', 'kl_rows',
+           'test_close_ulps']
 
 # %% ../nbs/00_checks.ipynb #975e2245
 def check_number(
@@ -264,3 +265,25 @@ def kl_rows(
 )->Tensor: # (...) KL(p || q) per row
     "Σ_v p (log p − log q) over the last dim with 0·log 0 = 0: entries where p = 0 (log p = −inf) add 0, also where q = 0."
     return (lp.exp() * torch.where(lp == -math.inf, 0.0, lp - lq)).sum(-1)
+
+# %% ../nbs/00_checks.ipynb #2727bd73
+def test_close_ulps(
+    a, # a tensor, a number, or a list of numbers
+    b, # the reference, of the same shape
+    ulps:float=4, # allowed difference, in units of `dtype`'s machine epsilon times the magnitude
+    scale=None, # a floor for the magnitude (a number or a broadcastable tensor): the size the error scales with
+    dtype:torch.dtype|None=None, # the dtype whose resolution counts; default the coarsest floating dtype among the tensors, else float32
+):
+    "Assert `|a - b| <= ulps * eps(dtype) * max(|a|, |b|, scale)` elementwise; an AssertionError with the worst element otherwise."
+    ts = [x for x in (a, b) if isinstance(x, Tensor) and x.is_floating_point()]
+    if dtype is None: dtype = max((x.dtype for x in ts), key=lambda d: torch.finfo(d).eps, default=torch.float32)
+    x, y = (torch.as_tensor(v.detach().cpu() if isinstance(v, Tensor) else v, dtype=torch.float64) for v in (a, b))
+    if x.shape != y.shape: raise AssertionError(f"shapes differ: {tuple(x.shape)} and {tuple(y.shape)}")
+    mag = torch.maximum(x.abs(), y.abs())
+    if scale is not None: mag = torch.maximum(mag, torch.as_tensor(scale.detach().cpu() if isinstance(scale, Tensor) else scale, dtype=torch.float64))
+    tol, err = ulps * torch.finfo(dtype).eps * mag, (x - y).abs()
+    bad = ~((err <= tol) | (x == y))   # x == y: equal infinities
+    if bad.any():
+        i = int((err - tol).nan_to_num(math.inf).flatten().argmax())
+        raise AssertionError(f"{int(bad.sum())} of {bad.numel()} values differ by more than {ulps:g} ulps of {dtype}: "
+                             f"{x.flatten()[i].item()!r} vs {y.flatten()[i].item()!r} (|diff| {err.flatten()[i].item():.3g} > {tol.flatten()[i].item():.3g})")

@@ -83,14 +83,13 @@ def _calls_only(action):
 
 def _failing_calls(messages):
     "The calls of the latest assistant turn that met an error, those that failed, as an assistant message; None if no result failed."
-    failed = {}
-    for j, m in enumerate(messages):
-        if m.get("role") == "tool" and m.get("is_error"): failed[m.get("tool_call_id")] = j
+    from .hint_generator import match_tool_results, tool_calls_of
+    answers = match_tool_results(messages)   # by id, else by position
+    failed = [j for j, m in enumerate(messages) if m.get("role") == "tool" and m.get("is_error") and j in answers]
     if not failed: return None
-    last = max(failed.values())
-    turn = next((m for m in reversed(messages[:last]) if m.get("role") == "assistant" and m.get("tool_calls")), None)
-    if turn is None: return None
-    return _calls_only({"tool_calls": [c for c in turn["tool_calls"] if c.get("id") in failed]})
+    a = answers[max(failed)][0]
+    ks = {answers[j][1] for j in failed if answers[j][0] == a}
+    return _calls_only({"tool_calls": [c for k, c in enumerate(tool_calls_of(messages[a])) if k in ks]})
 
 def _encode(tokenizer, text): return encode_text(tokenizer, [text])[0]   # a rendering with marked special spellings
 
@@ -384,7 +383,7 @@ def hint_gaps(model, # HF causal LM (the untrained student, for the gate)
              ) -> list[dict]: # per state: state_id, scenario, error_kind, solution, and mean log p per token under "none", "generic", "with_solution"
     "Is there anything for self-distillation to distil? At each state reacting to an error, the right call's mean log p per token with no hint, the generic hint and the hint carrying the solution."
     import torch
-    from .hint_generator import classify_error, dispatch
+    from .hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
     from .loss import model_sequence_logprobs
     from .trainer.data_collator import trace_examples_from_states
     from .trainer.messages import messages_from_turns, tokenize_conversation
@@ -407,8 +406,8 @@ def hint_gaps(model, # HF causal LM (the untrained student, for the gate)
         if r is None or not r.get("error_recovery") or (right := _calls_only(r["action"])) is None: continue
         j = next((k for k in range(len(m) - 1, -1, -1) if m[k]["role"] == "tool" and m[k].get("is_error")), None)
         if j is None or any(x["role"] == "assistant" for x in m[j:]): continue   # the state must react to its latest result, an error
-        calls = {c["id"]: c["function"] for a in m if a["role"] == "assistant" for c in a.get("tool_calls") or []}
-        fn = calls.get(m[j].get("tool_call_id"), {})
+        a, k = match_tool_results(m).get(j, (None, None))   # by id, else by position
+        fn = tool_calls_of(m[a])[k]["function"] if a is not None else {}
         meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m[j]["content"]}
         kind = classify_error(m[j]["content"], tool_name=meta["tool_name"], history=m[:j], tool_input=meta["tool_input"])
         if kind is None: continue

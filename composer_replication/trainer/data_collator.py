@@ -316,7 +316,7 @@ class ComposerDataCollator:
 
     # -- windows ------------------------------------------------------------------------------------------------
     def windows(self, examples:Sequence[TraceExample]) -> list[TraceExample]:
-        "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_too_long`."
+        "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_cut`, `turns_too_long`."
         if isinstance(examples, (dict, str, bytes)) or not hasattr(examples, "__iter__"):
             raise TypeError(f"examples must be a list of TraceExample dicts, got {type(examples).__name__}")
         cfg, out = self.config, []

@@ -248,7 +248,7 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
                   max_seq_len:int, # every window's rendering fits in this many tokens
                   context_tokens:int|None=None, # room kept for earlier steps before a window's first target (None: a quarter of the budget)
                   solution_sources:Sequence[str]=SOLUTION_SOURCES, # what hints may state as a solution (recorded in each error's error_meta)
-                  stats:Counter|None=None, # counts windows, traces_windowed, turns_too_long, windows_cut_inside_message
+                  stats:Counter|None=None, # counts windows, traces_windowed, turns_cut, turns_too_long, windows_cut_inside_message
                   count:Callable[[list[dict]], int]|None=None, # tokens of the longest row built from a window's turns (None: its rendering)
                   cut_turns:bool=True, # a turn too long for a window alone is trained in parts (`turn_parts`); False: dropped, counted in turns_too_long
                  ) -> list[dict]: # TraceExamples, each fitting (a window with `part` fits once cut), every assistant token trained in exactly one

@@ -13,6 +13,7 @@ from .ingestion.claude_code import ClaudeCodeIngester
 from .ingestion.core import action_to_message
 from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
+from .hint_generator import match_tool_results, tool_calls_of
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester
 from .trainer.data_collator import assistant_spans, render_conversation
 from .trainer.messages import check_tools, encode_text, plain_text
@@ -83,7 +84,6 @@ def _calls_only(action):
 
 def _failing_calls(messages):
     "The calls of the latest assistant turn that met an error, those that failed, as an assistant message; None if no result failed."
-    from .hint_generator import match_tool_results, tool_calls_of
     answers = match_tool_results(messages)   # by id, else by position
     failed = [j for j, m in enumerate(messages) if m.get("role") == "tool" and m.get("is_error") and j in answers]
     if not failed: return None
@@ -383,7 +383,7 @@ def hint_gaps(model, # HF causal LM (the untrained student, for the gate)
              ) -> list[dict]: # per state: state_id, scenario, error_kind, solution, and mean log p per token under "none", "generic", "with_solution"
     "Is there anything for self-distillation to distil? At each state reacting to an error, the right call's mean log p per token with no hint, the generic hint and the hint carrying the solution."
     import torch
-    from .hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
+    from .hint_generator import classify_error, dispatch
     from .loss import model_sequence_logprobs
     from .trainer.data_collator import trace_examples_from_states
     from .trainer.messages import messages_from_turns, tokenize_conversation

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from .hint_generator import classify_error, dispatch
+from .hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
 from .loss import sdpo_channel_loss
 from .task_suite import action_matches, load_expected, suite_ingester
 from .task_suite_repos import SyntheticRepo
@@ -39,12 +39,13 @@ class SuiteTask:
 
 def _calls_of(messages:list[dict]) -> list[tuple[str, dict, str|None]]:
     "(tool, input, recorded result) of every tool call in a conversation, in order."
-    results = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
+    result_of = {call: j for j, call in match_tool_results(messages).items()}   # by id, else by position
     out = []
-    for m in messages:
-        for tc in (m.get("tool_calls") or []) if m.get("role") == "assistant" else []:
-            fn = tc.get("function", tc); a = fn.get("arguments")
-            out.append((fn.get("name"), json.loads(a) if isinstance(a, str) else dict(a or {}), results.get(tc.get("id"))))
+    for j, m in enumerate(messages):
+        for k, tc in enumerate(tool_calls_of(m)):
+            fn = tc.get("function", tc); a = fn.get("arguments", fn.get("input"))
+            r = result_of.get((j, k))
+            out.append((fn.get("name"), json.loads(a) if isinstance(a, str) else dict(a or {}), messages[r].get("content") if r is not None else None))
     return out
 
 _DURATION = re.compile(r"in \d+\.\d\ds")   # a test run's duration is drawn, not recorded state
@@ -346,11 +347,11 @@ def rollout_sdpo_row(tokenizer, # the trainer's tokenizer (its chat template ren
     first_end = runs[0][0] if runs else C
     if prompt and prompt[-1].get("role") == "tool" and prompt[-1].get("is_error"):   # a recovery: the planted error ends the prompt
         a = max(i for i, m in enumerate(prompt) if m.get("role") == "assistant")
-        ids = {m.get("tool_call_id") for m in prompt[a + 1:]}
-        res = [m for m in prompt[a + 1:] if m.get("role") == "tool" and m.get("is_error")]
-        by_id = {tc.get("id"): tc for tc in prompt[a].get("tool_calls") or []}
-        s = site(prompt[:a], [by_id.get(m.get("tool_call_id")) for m in res], res, 0, first_end)
-        if s is not None and ids: sites[-1] = s
+        answers = match_tool_results(prompt)   # by id, else by position
+        js = [j for j in range(a + 1, len(prompt)) if prompt[j].get("role") == "tool" and prompt[j].get("is_error")]
+        calls = [tool_calls_of(prompt[answers[j][0]])[answers[j][1]] if j in answers else None for j in js]
+        s = site(prompt[:a], calls, [prompt[j] for j in js], 0, first_end)
+        if s is not None: sites[-1] = s
     for g, ((msg, idx), (a, b)) in enumerate(zip(groups, runs)):
         calls = (msg or {}).get("tool_calls") or []
         failed = [(calls[i] if i < len(calls) else None, completion[j]) for i, j in enumerate(idx) if err_of[j]]

@@ -13,6 +13,7 @@ from .ingestion.claude_code import ClaudeCodeIngester
 from .ingestion.core import action_to_message
 from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
+from .hint_generator import match_tool_results, tool_calls_of
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester
 from .trainer.data_collator import assistant_spans, render_conversation
 from .trainer.messages import check_tools, encode_text, plain_text
@@ -83,14 +84,12 @@ def _calls_only(action):
 
 def _failing_calls(messages):
     "The calls of the latest assistant turn that met an error, those that failed, as an assistant message; None if no result failed."
-    failed = {}
-    for j, m in enumerate(messages):
-        if m.get("role") == "tool" and m.get("is_error"): failed[m.get("tool_call_id")] = j
+    answers = match_tool_results(messages)   # by id, else by position
+    failed = [j for j, m in enumerate(messages) if m.get("role") == "tool" and m.get("is_error") and j in answers]
     if not failed: return None
-    last = max(failed.values())
-    turn = next((m for m in reversed(messages[:last]) if m.get("role") == "assistant" and m.get("tool_calls")), None)
-    if turn is None: return None
-    return _calls_only({"tool_calls": [c for c in turn["tool_calls"] if c.get("id") in failed]})
+    a = answers[max(failed)][0]
+    ks = {answers[j][1] for j in failed if answers[j][0] == a}
+    return _calls_only({"tool_calls": [c for k, c in enumerate(tool_calls_of(messages[a])) if k in ks]})
 
 def _encode(tokenizer, text): return encode_text(tokenizer, [text])[0]   # a rendering with marked special spellings
 
@@ -407,8 +406,8 @@ def hint_gaps(model, # HF causal LM (the untrained student, for the gate)
         if r is None or not r.get("error_recovery") or (right := _calls_only(r["action"])) is None: continue
         j = next((k for k in range(len(m) - 1, -1, -1) if m[k]["role"] == "tool" and m[k].get("is_error")), None)
         if j is None or any(x["role"] == "assistant" for x in m[j:]): continue   # the state must react to its latest result, an error
-        calls = {c["id"]: c["function"] for a in m if a["role"] == "assistant" for c in a.get("tool_calls") or []}
-        fn = calls.get(m[j].get("tool_call_id"), {})
+        a, k = match_tool_results(m).get(j, (None, None))   # by id, else by position
+        fn = tool_calls_of(m[a])[k]["function"] if a is not None else {}
         meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m[j]["content"]}
         kind = classify_error(m[j]["content"], tool_name=meta["tool_name"], history=m[:j], tool_input=meta["tool_input"])
         if kind is None: continue

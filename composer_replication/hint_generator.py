@@ -11,7 +11,7 @@ from typing import Callable, TypedDict
 
 # %% auto #0
 __all__ = ['HINT_TEMPLATES', 'HintContext', 'hint_tool_not_found', 'hint_json_decode', 'hint_type_error', 'hint_runtime_error',
-           'hint_repeated_failure', 'dispatch', 'register', 'classify_error']
+           'hint_repeated_failure', 'dispatch', 'register', 'tool_calls_of', 'match_tool_results', 'classify_error']
 
 # %% ../nbs/13_hint_generator.ipynb #ff758f6c
 class HintContext(TypedDict, total=False):
@@ -86,6 +86,32 @@ def register(error_kind:str, # the kind to add or override
     if not callable(fn): raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     HINT_TEMPLATES[error_kind] = fn
 
+# %% ../nbs/13_hint_generator.ipynb #3f4fd6d1
+def tool_calls_of(message:dict, # an OpenAI-style message or a trace turn
+                 ) -> list[dict]: # its tool calls ([] for a message that is not an assistant turn)
+    "The tool calls of an assistant message: its `tool_calls`, or its one `tool_call` (the reference `TraceTurn` field)."
+    if not isinstance(message, dict) or message.get("role") != "assistant": return []
+    if message.get("tool_calls"): return list(message["tool_calls"])
+    return [message["tool_call"]] if isinstance(message.get("tool_call"), dict) else []
+
+def match_tool_results(messages:list[dict], # OpenAI-style messages or trace turns, in order
+                      ) -> dict[int, tuple[int, int]]: # index of a tool result -> (index of the assistant turn, index of the call in it)
+    "The call each tool result answers: by `tool_call_id` where it names an earlier call, else by position (the next unanswered call of the assistant turn before it)."
+    named = {m.get("tool_call_id") for m in messages if isinstance(m, dict) and m.get("role") == "tool"} - {None}
+    out, by_id, pending = {}, {}, []
+    for j, m in enumerate(messages):
+        role = m.get("role") if isinstance(m, dict) else None
+        if role == "assistant":
+            calls = tool_calls_of(m)
+            for k, c in enumerate(calls):
+                if isinstance(c, dict) and c.get("id") is not None: by_id[c["id"]] = (j, k)
+            pending = [(j, k) for k, c in enumerate(calls) if not isinstance(c, dict) or c.get("id") is None or c["id"] not in named]
+        elif role == "tool":
+            tid = m.get("tool_call_id")
+            if tid is not None and tid in by_id: out[j] = by_id[tid]
+            elif pending: out[j] = pending.pop(0)
+    return out
+
 # %% ../nbs/13_hint_generator.ipynb #fa22caee
 _NOT_MODEL = re.compile(r"user doesn't want to proceed|tool use was rejected|requested permissions? to|haven't granted it|"
                         r"Request interrupted by user|Sibling tool call errored", re.I)
@@ -109,9 +135,8 @@ def _same_call(tc:dict, name:str|None, args) -> bool:
 def _failed_before(history:list[dict], tool_name:str|None, tool_input) -> bool:
     "True if `history` holds an earlier call of `tool_name` with `tool_input` whose result was an error."
     if tool_name is None: return False
-    ids = {tc.get("id") for m in history if m.get("role") == "assistant" for tc in (m.get("tool_calls") or [])
-           if _same_call(tc, tool_name, tool_input)}
-    return any(m.get("role") == "tool" and m.get("is_error") and m.get("tool_call_id") in ids for m in history)
+    return any(history[j].get("is_error") and _same_call(tool_calls_of(history[a])[k], tool_name, tool_input)
+               for j, (a, k) in match_tool_results(history).items())
 
 def classify_error(tool_result_text:str|None, # what the model saw as the tool's result
                    *,

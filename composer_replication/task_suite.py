@@ -8,7 +8,7 @@ import hashlib, json, logging, math, random, re, shutil, uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
-from .hint_generator import classify_error
+from .hint_generator import classify_error, match_tool_results, tool_calls_of
 from .ingestion.core import render_action
 from .task_suite_repos import (
     CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SessionWriter, SyntheticRepo)
@@ -303,10 +303,11 @@ def error_sites(states:Sequence[dict], # TraceStates from `ClaudeCodeIngester`
         h = s["messages"]
         a = next((i for i in range(len(h) - 1, -1, -1) if h[i].get("role") == "assistant"), None)
         if a is None: continue
-        calls = {tc["id"]: tc["function"] for tc in h[a].get("tool_calls") or []}
-        for m in h[a + 1:]:
+        answers = match_tool_results(h)   # by id, else by position
+        for j in range(a + 1, len(h)):
+            m = h[j]
             if m.get("role") != "tool" or not m.get("is_error"): continue
-            fn = calls.get(m.get("tool_call_id"), {})
+            fn = tool_calls_of(h[answers[j][0]])[answers[j][1]]["function"] if j in answers else {}
             try: inp = json.loads(fn.get("arguments") or "{}")
             except ValueError: inp = fn.get("arguments")
             out.append({"state_id": s["state_id"], "tool": fn.get("name"), "input": inp, "text": m.get("content") or "",

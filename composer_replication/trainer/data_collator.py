@@ -16,14 +16,14 @@ from typing import Any, Callable, Sequence, TypedDict
 
 import torch
 
-from ..hint_generator import classify_error, dispatch
+from ..hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
 from ..ingestion.core import action_to_message, as_blocks
 from ..checks import check_positive_int
 from ..loss import _check_model, _model_vocab, _pair_logprobs, _replay_inputs
 from .messages import (
     TokenizerLike, TraceTurn, assistant_spans, check_tools, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
 from .windows import (
-    SOLUTION_SOURCES, _cut_points, _empty, _fit, _step_points, shared_prompt_sides, solutions, trace_windows)
+    SOLUTION_SOURCES, _cut_points, _empty, _fit, _step_points, part_row, shared_prompt_sides, solutions, trace_windows, window_tokens)
 _all_ = ["TraceTurn", "TokenizerLike", "render_conversation", "assistant_spans", "tokenize_conversation", "messages_from_turns", "trace_windows"]
 
 # %% auto #0
@@ -40,6 +40,7 @@ class TraceExample(TypedDict, total=False):
     dpo_pairs: list[dict]|None   # `DPOPair`s: state_id, state_messages, chosen, rejected, n_teachers_agreeing
     tools: list[dict]|None       # OpenAI function schemas the agent could call, rendered through the chat template's `tools=`
     window: tuple[int, int]      # on a window (`trace_windows`): the range of turn indices of the whole trace it trains
+    part: tuple[int, int, int]   # on a window of a turn too long for one: (part i of n, context tokens before a continuation's slice)
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #7f20acc7
 @dataclass
@@ -60,6 +61,7 @@ class CollatorConfig:
     windows: bool = True           # trainers split traces longer than max_seq_len into windows (`trace_windows`); False: one left-cut row each
     window_context_tokens: int|None = None  # room for earlier steps before a window's first target (None: a quarter of the budget)
     solution_sources: tuple[str, ...] = SOLUTION_SOURCES  # what a hint may state as the solution: "teachers", "hindsight", both, or ()
+    cut_turns: bool = True         # a turn too long for a window alone is trained in parts (`turn_parts`); False: dropped, counted
 
     def __post_init__(self):
         for k in ("max_seq_len", "max_dpo_seq_len"):
@@ -68,7 +70,8 @@ class CollatorConfig:
         if not isinstance(self.cache_size, int) or self.cache_size < 0: raise ValueError(f"cache_size must be an int >= 0, got {self.cache_size!r}")
         if bad or not self.sdpo_targets: raise ValueError(f"sdpo_targets must be a non-empty subset of ('failed', 'reaction'), got {self.sdpo_targets!r}")
         if self.hint_generator is not None and not callable(self.hint_generator): raise TypeError("hint_generator must be callable")
-        if not isinstance(self.windows, bool): raise TypeError(f"windows must be a bool, got {type(self.windows).__name__}")
+        for k in ("windows", "cut_turns"):
+            if not isinstance(getattr(self, k), bool): raise TypeError(f"{k} must be a bool, got {type(getattr(self, k)).__name__}")
         wc = self.window_context_tokens
         if wc is not None and (isinstance(wc, bool) or not isinstance(wc, int) or wc < 0): raise ValueError(f"window_context_tokens must be an int >= 0 or None, got {wc!r}")
         src = self.solution_sources
@@ -154,12 +157,12 @@ class ComposerDataCollator:
     def _sites(self, msgs:list[dict], turn_of:list[int], sols:dict[int, str|None], stats:Counter|None=None) -> dict[int, list[str]]:
         "Target assistant message index -> hints, from the error sites of a conversation (only turns that train are distilled)."
         cfg, out, st = self.config, {}, self.stats if stats is None else stats
-        calls = {tc.get("id"): (j, tc.get("function", tc)) for j, m in enumerate(msgs) if m["role"] == "assistant"
-                 for tc in m.get("tool_calls") or []}
+        answers = match_tool_results(msgs)   # by id, else by position
         for j, m in enumerate(msgs):
             if m["role"] != "tool" or not m.get("is_error"): continue
             st["sdpo_error_sites"] += 1
-            failed, fn = calls.get(m.get("tool_call_id"), (None, {}))
+            failed, k = answers.get(j, (None, None))
+            fn = tool_calls_of(msgs[failed])[k].get("function", {}) if failed is not None else {}
             if failed is None: failed = max((k for k in range(j) if msgs[k]["role"] == "assistant"), default=None)
             reaction = next((k for k in range(j+1, len(msgs)) if msgs[k]["role"] == "assistant"), None)
             meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m["content"],
@@ -254,6 +257,7 @@ class ComposerDataCollator:
         if not any(m["role"] == "assistant" for m in msgs):
             raise ValueError(f"{where}: turns have no assistant turn to train (none with text or tool calls after a system, user or tool turn)")
         pairs = self._pairs(ex, where, tools) if cfg.enable_replay_dpo else []
+        if ex.get("part") is not None: return self._part(msgs, ex["part"], where, tools), pairs
         try:
             sites = self._sites(msgs, turn_of, sols) if use_sdpo else {}
             s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites, tools)
@@ -268,6 +272,20 @@ class ComposerDataCollator:
         row = dict(ids=s_ids, resp=[int(o >= 0 and msgs[o].get("train", True)) for o in s_own], t_ids=t_ids,
                    t_mask=[int(o in keep) for o in t_own], s_mask=[int(o in keep) for o in s_own])
         return row, pairs
+
+    def _part(self, msgs:list[dict], part, where:str, tools=None) -> dict:
+        "The row of one part of a window too long for one row (`part_row`): no hint site is distilled on a cut turn."
+        L = self.config.max_seq_len
+        if not (isinstance(part, (tuple, list)) and len(part) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in part)
+                and 0 <= part[0] < part[1] and 0 <= part[2]):
+            raise ValueError(f"{where}: part must be (i, n, context) with 0 <= i < n and context >= 0, as trace_windows gives it, got {part!r:.60}")
+        try:
+            ids, trained, h = window_tokens(self.tokenizer, msgs, tools)
+            ids, resp = part_row(ids, trained, h, L, tuple(part))
+        except ValueError as e: raise ValueError(f"{where}: {e}") from e
+        self.stats["rows_turn_parts"] += 1
+        zeros = [0] * len(ids)
+        return dict(ids=ids, resp=resp, t_ids=ids, t_mask=zeros, s_mask=zeros)
 
     def _cached(self, b:int, ex:dict):
         "`_example`, memoized by the example's exact content (a trainer sees the same traces every epoch)."
@@ -298,7 +316,7 @@ class ComposerDataCollator:
 
     # -- windows ------------------------------------------------------------------------------------------------
     def windows(self, examples:Sequence[TraceExample]) -> list[TraceExample]:
-        "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_too_long`."
+        "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_cut`, `turns_too_long`."
         if isinstance(examples, (dict, str, bytes)) or not hasattr(examples, "__iter__"):
             raise TypeError(f"examples must be a list of TraceExample dicts, got {type(examples).__name__}")
         cfg, out = self.config, []
@@ -306,7 +324,7 @@ class ComposerDataCollator:
             if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
             tools = check_tools(ex.get("tools"), f"example {b}: tools")
             out += trace_windows(ex, tokenizer=self.tokenizer, max_seq_len=cfg.max_seq_len, context_tokens=cfg.window_context_tokens,
-                                 solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats,
+                                 solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats, cut_turns=cfg.cut_turns,
                                  count=lambda ts, tools=tools: self._row_length(ts, tools))   # the teacher's hints must fit too
         return out
 
@@ -346,13 +364,15 @@ class ComposerDataCollator:
 # %% ../../nbs/20_trainer.data_collator.ipynb #1441c090
 def _turns(msgs:list[dict]) -> list[TraceTurn]:
     "Trace turns of a conversation, with the error metadata of failed tool results."
-    calls = {tc.get("id"): tc.get("function", tc) for m in msgs if m.get("role") == "assistant" for tc in m.get("tool_calls") or []}
+    answers = match_tool_results(msgs)
     out = []
     for j, m in enumerate(msgs):
         t = {k: m[k] for k in ("role", "content", "tool_calls", "tool_call_id") if m.get(k) is not None}
         if m.get("role") == "tool" and m.get("is_error"):
-            fn = calls.get(m.get("tool_call_id"), {})
-            meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments")}
+            a, k = answers.get(j, (None, None))
+            tc = tool_calls_of(msgs[a])[k] if a is not None else {}
+            fn = tc.get("function", tc)
+            meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments", fn.get("input"))}
             meta["error_kind"] = classify_error(m.get("content") or "", tool_name=meta["tool_name"], history=msgs[:j],
                                                 tool_input=meta["tool_input"])
             t.update(tool_error=m.get("content") or "", error_meta=meta)

@@ -9,12 +9,14 @@ import json
 from collections import Counter
 from typing import Any, Callable, Sequence
 
+from ..hint_generator import match_tool_results
 from ..ingestion.core import action_to_message, as_blocks
 from .messages import (
     TokenizerLike, check_tools, canonical_arguments, messages_from_turns, render_conversation, tokenize_conversation)
 
 # %% auto #0
-__all__ = ['SOLUTION_SOURCES', 'SOLUTION_CHARS', 'shared_prompt_sides', 'describe_action', 'solutions', 'trace_windows']
+__all__ = ['SOLUTION_SOURCES', 'SOLUTION_CHARS', 'shared_prompt_sides', 'describe_action', 'solutions', 'turn_parts',
+           'window_tokens', 'part_row', 'trace_windows']
 
 # %% ../../nbs/19b_trainer.windows.ipynb #656b11fd
 def _cut_points(messages:list[dict]) -> tuple[int, list[int]]:
@@ -133,14 +135,12 @@ def solutions(messages:list[dict], # a whole trace's messages (`messages_from_tu
     at_state = {}
     for p in pairs or []:
         if isinstance(p, dict) and isinstance(p.get("state_messages"), list): at_state.setdefault(len(p["state_messages"]), p)
-    results = {}   # tool_call_id -> is_error of its result
-    for m in messages:
-        if m["role"] == "tool" and m.get("tool_call_id") is not None: results[m["tool_call_id"]] = bool(m.get("is_error"))
-    call_at = {c.get("id"): j for j, m in enumerate(messages) if m["role"] == "assistant" for c in m.get("tool_calls") or []}
+    answers = match_tool_results(messages)   # tool result -> (assistant turn, call): by id, else by position
+    results = {a: bool(messages[j].get("is_error")) for j, a in answers.items()}   # (assistant turn, call) -> its result failed
     out = {}
     for j, m in enumerate(messages):
         if m["role"] != "tool" or not m.get("is_error"): continue
-        failed = call_at.get(m.get("tool_call_id"))
+        failed = answers[j][0] if j in answers else None
         failed_keys = {_call_key(c) for c in messages[failed].get("tool_calls") or []} if failed is not None else set()
         reaction = next((k for k in range(j + 1, len(messages)) if messages[k]["role"] == "assistant"), None)
         sol = None
@@ -154,11 +154,59 @@ def solutions(messages:list[dict], # a whole trace's messages (`messages_from_tu
                     if a["role"] != "assistant" or not a.get("tool_calls"): continue
                     keys = [_call_key(c) for c in a["tool_calls"]]
                     if set(keys) <= failed_keys: continue   # the failed call repeated
-                    ok = [results.get(c.get("id")) for c in a["tool_calls"]]
+                    ok = [results.get((k, c)) for c in range(len(a["tool_calls"]))]
                     if all(r is False for r in ok): sol = describe_action(a); break
             if sol is not None: break
         out[j] = sol
     return out
+
+# %% ../../nbs/19b_trainer.windows.ipynb #634c0e74
+def turn_parts(n:int, # tokens of a window's whole rendering
+               head:int, # tokens of its head (tools, system prompt, task): the start of every part
+               max_len:int, # tokens a part's row may hold
+               context:int, # tokens kept before a continuation's slice, as its left context
+               last:int, # position of the last token to train
+              ) -> list[tuple[int, int, int]]: # per part: (context start, first trained position, end)
+    "The slices of a window longer than `max_len`: the prefix [head, max_len), then continuations, each its head, `context` tokens, then the next slice."
+    if head >= max_len - 1 or not 0 <= context < max_len - head: raise ValueError(f"no room for a slice: head {head}, context {context}, max_len {max_len}")
+    parts = [(head, head, min(n, max_len))]
+    while parts[-1][2] <= last:
+        x = parts[-1][2]; c = max(head, x - context)
+        parts.append((c, x, min(n, c + max_len - head)))
+    return parts
+
+def window_tokens(tokenizer:TokenizerLike, # has a chat template
+                  messages:list[dict], # a window's messages (`messages_from_turns`), head first
+                  tools:list[dict]|None=None, # OpenAI function schemas for the template
+                 ) -> tuple[list[int], list[int], int]: # (ids, 1 on each token trained, tokens of the head)
+    "A window's tokens, which of them train (turns without `train: False`), and how many open it as its head (tools, system prompt, task)."
+    ids, own = tokenize_conversation(tokenizer, messages, tools)
+    n_sys, task, _ = _step_points(messages)
+    hids = tokenize_conversation(tokenizer, messages[:n_sys + (task is not None)], tools)[0] if n_sys + (task is not None) else []
+    h = next((t for t, (x, y) in enumerate(zip(ids, hids)) if x != y), min(len(ids), len(hids)))
+    return ids, [int(o >= 0 and messages[o].get("train", True)) for o in own], h
+
+def part_row(ids:list[int], # a window's tokens (`window_tokens`)
+             trained:list[int], # 1 on each token trained
+             head:int, # tokens of its head
+             max_len:int, # tokens a row may hold
+             part:tuple[int, int, int], # (i, n, context): the window's part, as `trace_windows` gives it
+            ) -> tuple[list[int], list[int]]: # (row ids, response mask): each trained token in exactly one part
+    "Part `i` of a window too long for one row: its head, then its slice with the context before it; only the slice's own trained tokens train."
+    i, _, context = part
+    parts = turn_parts(len(ids), head, max_len, context, max((t for t, x in enumerate(trained) if x), default=-1))
+    if i >= len(parts): return ids[:head], [0] * head
+    c, x, y = parts[i]
+    return ids[:head] + ids[c:y], [0] * head + [int(trained[t] and t >= x) for t in range(c, y)]
+
+def _parts_of(win, tokenizer, tools, L, reserve) -> list[tuple[int, int, int]]:
+    "The parts (i, n, context) of a window too long even for its target step alone; [] when its head leaves no room for a slice."
+    ids, trained, h = window_tokens(tokenizer, [m for m in messages_from_turns(win) if not _empty(m)], tools)
+    last = max((t for t, x in enumerate(trained) if x), default=-1)
+    if last < 0 or h > L - 32: return []
+    context = min(reserve, (L - h) // 2)
+    n = len(turn_parts(len(ids), h, L, context, last))
+    return [(i, n, context) for i in range(n)]
 
 # %% ../../nbs/19b_trainer.windows.ipynb #5a83d113
 _OVERHEAD: dict = {}
@@ -200,9 +248,10 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
                   max_seq_len:int, # every window's rendering fits in this many tokens
                   context_tokens:int|None=None, # room kept for earlier steps before a window's first target (None: a quarter of the budget)
                   solution_sources:Sequence[str]=SOLUTION_SOURCES, # what hints may state as a solution (recorded in each error's error_meta)
-                  stats:Counter|None=None, # counts windows, traces_windowed, turns_too_long, windows_cut_inside_message
+                  stats:Counter|None=None, # counts windows, traces_windowed, turns_cut, turns_too_long, windows_cut_inside_message
                   count:Callable[[list[dict]], int]|None=None, # tokens of the longest row built from a window's turns (None: its rendering)
-                 ) -> list[dict]: # TraceExamples, each fitting, every assistant turn a training target in exactly one
+                  cut_turns:bool=True, # a turn too long for a window alone is trained in parts (`turn_parts`); False: dropped, counted in turns_too_long
+                 ) -> list[dict]: # TraceExamples, each fitting (a window with `part` fits once cut), every assistant token trained in exactly one
     "Split a trace that does not fit into windows that do: each starts with the system prompt and the task, then the latest whole agent steps before its targets."
     stats = stats if stats is not None else Counter()
     if not isinstance(example, dict) or "turns" not in example: raise ValueError(f"{_where(example)}: must be a TraceExample dict with 'turns'")
@@ -252,7 +301,7 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
         ctx = a   # context steps [ctx, a): the latest whole steps that fit in what is left
         left = budget - used
         while ctx > 0 and cost(ctx - 1) <= left: left -= cost(ctx - 1); ctx -= 1
-        dropped_answer = False
+        dropped_answer, parts = False, None
         while True:
             keep = head + [j for k in range(ctx, b) for j in steps[k]]
             if dropped_answer: keep = head + [j for k in range(a, b) for j in steps[k]]
@@ -264,19 +313,27 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
             if b > a + 1: b -= 1; continue              # hand the last target step to the next window
             protected = {k for k, j in enumerate(keep) if msgs[j]["role"] == "assistant" and j >= steps[a][0]}
             cut = _cut_inside(win, n_tok, L, protected | set(range(len(head))))   # the last resort: cut inside the longest message of the steps,
-            if cut is None: cut = _cut_inside(win, n_tok, L, protected)                # then of the system prompt or the task too
+            if cut is None and not cut_turns: cut = _cut_inside(win, n_tok, L, protected)   # (without parts: of the system prompt or the task too)
             if cut is not None: stats["windows_cut_inside_message"] += 1; win = cut; break
             if ctx < a and not dropped_answer: dropped_answer = True; continue   # even the step it answers must go
             if n_tok is not plain and plain(win) <= L:   # fits without the teacher's hints: trained here, its distillation cut (counted by the collator)
                 stats["windows_without_hint_room"] += 1; break
-            stats["turns_too_long"] += sum(is_target(j) for j in steps[a]); win = None
+            if cut_turns and a > 0 and cost(a - 1) <= reserve:   # the step it answers goes with it, when short
+                keep = head + [j for k in range(a - 1, b) for j in steps[k]]
+                if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]
+                win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
+            parts = _parts_of(win, tokenizer, tools, L, reserve) if cut_turns else []
+            if parts: stats["turns_cut"] += sum(is_target(j) for j in steps[a])
+            else: stats["turns_too_long"] += sum(is_target(j) for j in steps[a]); win = None
             break
         if win is not None:
             lo, hi = steps[a][0], steps[b - 1][-1]
-            w = {k: v for k, v in example.items() if k not in ("turns", "dpo_pairs")}
-            w.update(trace_id=f"{example.get('trace_id', 'trace')}#w{len(out)}", turns=win, window=(lo, hi),
-                     dpo_pairs=[p for p in pairs if lo <= at(p) <= hi])
-            out.append(w)
+            for i, part in enumerate(parts or [None]):
+                w = {k: v for k, v in example.items() if k not in ("turns", "dpo_pairs")}
+                w.update(trace_id=f"{example.get('trace_id', 'trace')}#w{len(out)}", turns=win, window=(lo, hi),
+                         dpo_pairs=[p for p in pairs if lo <= at(p) <= hi] if i == 0 else [])
+                if part is not None: w["part"] = part
+                out.append(w)
         s = b
     if pairs:   # a pair whose state is not a trained turn of any window goes with the window whose range holds it, else the last
         placed = {id(p) for w in out for p in w["dpo_pairs"]}

@@ -208,7 +208,7 @@ _SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|g
                r"|hooks\.slack\.com/|eyJ[A-Za-z0-9_\-]{8,}\.eyJ|SG\.[A-Za-z0-9_\-]{16}|(?:AC|SK)[0-9a-f]{32}|npm_[A-Za-z0-9]{36}|pypi-AgE"
                r"|(?:AccountKey|SharedAccessKey)=|[?&]sig=|(?i:aws_secret_access_key|aws_session_token|private_key_id|client-key-data|docker[ \t]+login|authorization:[ \t]*token)"
                r"|(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}|[Bb]earer[ \t]+[A-Za-z0-9\-._~+/]{16}|Authorization:[ \t]*Basic"
-               r"|://[^\s:/@'\"\[\]]*:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)\\?['\"]?[ \t]*[=:][ \t]*\\?['\"]?[^\s'\"]{4}"
+               r"|://[^\s:/@'\"\[\]]*:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)\\?['\"]?(?:[ \t]*:?[ \t]+(?:[Ss]tring|str))?[ \t]*(?:[=:?.+>]{1,4}|,)[ \t]*\\?['\"`]?[^\s'\"]{4}"
                r"|\"auth\\?\"[ \t]*:|_auth[ \t]*=|--[A-Za-z0-9\-]*(?i:passw(?:or)?d|pass|token|secret|key)[ \t]+[^\s\-]"
                r"|(?i:machine)[ \t]+[^\s]+[ \t]+(?i:login|password)[ \t]|(?m:^[ \t]*password[ \t]+[^\s])|\\n[ \t]*password[ \t]"
                r"|" + _PREFIXES + r"[A-Za-z0-9_\-]*\\+(?:\r?\n|n)"  # a key wrapped by a `\` continuation or a JSON "\n"
@@ -232,15 +232,18 @@ _SCREEN = _make_screen()  # every secret the rules below find makes this return 
 
 _IDCH = frozenset(string.ascii_letters + string.digits + "_-.")
 _NOT_SECRET = frozenset({"true", "false", "null", "nil", "none", "undefined", "required", "optional", "string", "changeme", "change_me",
-                         "changethis", "replace_me", "placeholder", "redacted", "password", "secret", "token", "dummy"})
+                         "changethis", "replace_me", "placeholder", "redacted", "password", "secret", "token", "dummy", "abc123", "mypassword",
+                         "pass", "passwd", "pwd", "pw", "xyz"})
 _TYPES = frozenset({"str", "string", "bytes", "int", "bool", "boolean", "number", "any", "unknown", "object", "text", "char", "varchar"})
-_REF = "$<{%([`*"  # a value starting with one of these is a reference or a placeholder: $X, ${X}, <key>, %s, {{ x }}, (...), ***
+_REF = "$<{%([`*#~/"  # a value starting with one of these is a reference, a placeholder or a path: $X, ${X}, <key>, %s, {{ x }}, (...), ***, #fff, ~/x
 
 def _placeholder(v):
     "Values that stand for a secret without being one: references, `changeme`, `xxxx`, `your-key-here`, `***`."
     lv = v.lower()
     return (not v or v[0] in _REF or v.startswith("[REDACTED") or v.isdigit() or lv in _NOT_SECRET or len(set(lv)) <= 2
-            or lv.startswith(("your", "<", "os.", "env.", "process.env")) or lv.endswith(("_here", "-here", "...", "xxx")))
+            or lv.startswith(("your", "<", "os.", "env.", "process.env", "my_", "my-", "fake", "dummy", "example", "sample", "./", "../"))
+            or lv.endswith(("_here", "-here", "...", "xxx")) or _VERSION.fullmatch(v) is not None)
+_VERSION = re.compile(r"[\d.^~<>=*x|, -]+")  # a version or a range: 1.2.1, ^17.1.0
 
 _CODE_CALL = re.compile(r"[A-Za-z_$][\w$.]*(?:\(|\[)")  # get_key(...), os.environ[...], Optional[str]
 _CODE_PATH = re.compile(r"[A-Za-z_$][\w$]*(?:\??\.[A-Za-z_$][\w$]*)+[,;)]*|[A-Za-z_$][\w$]*[,;)]+")  # settings.SECRET_KEY, self.pw, pw,
@@ -271,6 +274,21 @@ def _line_end(s, j):
 def _random_looking(v):
     "A value with letters and digits, or long and mixed-case: what generated keys look like (words and slugs do not)."
     return (any(c.isdigit() for c in v) and any(c.isalpha() for c in v)) or (len(v) >= 20 and not v.islower() and not v.isupper())
+
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_TOKCH = re.compile(r"[A-Za-z0-9_\-+/=.~]+")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+def _wordy(v):
+    "Words and small numbers joined by separators or camel case (`NextToken`, `row-item-42`, `v2_users_list`): a name, not a key."
+    ws = _WORD.findall(v); n = sum(map(len, ws))
+    odd = sum(len(w) for w in ws if not ((w.isdigit() and len(w) <= 4) or (len(w) >= 3 and any(c in "aeiouyAEIOUY" for c in w))))
+    return n > 0 and odd * 4 <= n
+
+def _token_value(v, strong=False):
+    "A generated token: 8+ token characters, letters and digits (or long and mixed case), not words; a UUID only under a strong name."
+    return (len(v) >= 8 and _TOKCH.fullmatch(v) is not None and _random_looking(v) and not _wordy(v)
+            and (strong or _UUID.fullmatch(v) is None))
 
 def _generated(v):
     "A random-looking value that is not a snake_case identifier (`tokenizer_v2` is code, `a8f3e21c9b7d` is a key)."
@@ -356,7 +374,9 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
      "v", _ado_password),
 ]]
 _ASSIGN_T = ("key", "token", "secret", "pass", "pwd")
-_ASSIGN_SRC = r"(?P<q0>\\?['\"]?)(?P<sp>[ \t]*)(?P<op>[=:])(?P<sp2>[ \t]*)(?P<q>\\?['\"]|)(?P<v>" + _VS + r"{4,})(?P=q)"
+_VU = r"[^\s'\"\\,;(){}\[\]<>`]"  # an unquoted value character: not a separator of code either
+_ASSIGN_SRC = (r"(?P<q0>\\?['\"]?)(?P<ty>[ \t]*:?[ \t]+(?:[Ss]tring|str))?(?P<sp>[ \t]*)(?P<op>:{1,3}=|[?.+]=|=>|=(?![=>~])|:(?![:=])|,)(?P<sp2>[ \t]*)"
+               r"(?P<q>\\?['\"`])?(?P<v>(?(q)" + _VS + r"{4,}|" + _VU + r"{4,}))(?(q)(?P=q))")
 _ASSIGN = re.compile(r"(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)
 _ASSIGN_LOW = re.compile(r"(?:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)  # on text.lower() when it keeps offsets
 _STEM_OK = ("api", "auth", "access", "secret", "private", "client", "bot", "refresh", "session", "master", "app", "identity", "registry")
@@ -364,24 +384,33 @@ _STEM_OK = ("api", "auth", "access", "secret", "private", "client", "bot", "refr
 _KEY_STRONG = _STEM_OK + ("encryption", "signing", "license", "account", "service", "subscription", "write", "deploy", "admin")
 
 def _assign_is_secret(s, m):
-    "Whether an `_ASSIGN` match in `s` assigns a secret (rules in the table above)."
+    "Whether an `_ASSIGN` match in `s` assigns a secret: any literal under a password or secret name, a generated value under a key or token name."
     a = i = m.start()
     while i > 0 and s[i - 1] in _IDCH: i -= 1
     if i > 0 and s[i - 1] == "\\" and s[i] in "ntr": i += 1  # a JSON-escaped line break before the name
+    if s[max(0, i - 2):i] == "::": return False  # AWS::ApiGateway::ApiKey: a type name
     stem, suf = s[i:a], s[a:m.start("q0")]
-    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK)): return False
-    a2, b2 = m.span("v"); v, q, op = s[a2:b2], m.group("q"), m.group("op")
-    name = stem + suf
-    if _placeholder(v) or v.lower() in (name.lower(), suf.lower()): return False
-    if suf[-3:].lower() == "key" and not stem.lower().rstrip("_-.").endswith(_KEY_STRONG) and not _random_looking(v): return False
+    name, lsuf = stem + suf, suf.lower()
+    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK)
+                     or (name.isupper() and lsuf in ("password", "passwd", "token", "secret", "pass"))): return False  # PGPASSWORD, SSHPASS
+    v, q, op = m.group("v"), m.group("q"), m.group("op")
+    if op == ",": return bool(m.group("q0") and q) and _token_value(v)  # setProperty("X_TOKEN", "...")
+    op = "=" if op.endswith("=") or op == "=>" else op
+    if _placeholder(v) or v.lower() in (name.lower(), lsuf): return False
+    lname = name.lower()
+    if not any(w in lname for w in ("pass", "pwd", "secret")):  # a key or a token: only a generated value
+        return _token_value(v, lname.rstrip("_-.").endswith(_KEY_STRONG) or lname.startswith("--"))
+    if lsuf.startswith("pass") and not lsuf.startswith(("passw", "passphrase")) and not name.isupper() and not stem: return False  # pass = ...
     upper = name.upper() == name
     if q: return upper or len(v) >= 8 or not v.isalpha()  # a quoted literal
-    if _code_value(v, name): return False
+    if op == ":" and not m.group("sp2") and not _token_value(v): return False  # `passwd:gecos`: YAML needs a space after the colon
+    if _code_value(v, name) or (v[0].islower() and _CAMEL.fullmatch(v)): return False
     if stem.startswith("--"): return op == "="
-    if _generated(v) and len(v) >= 12: return True  # a generated value: `X-Api-Key: 9f8e...`, `token = a8f3e2...`
-    if not (_line_start(s, i) and _line_end(s, b2)): return upper and op == "=" and not (m.group("sp") or m.group("sp2"))
-    if op == "=" and (m.group("sp") or m.group("sp2")) and _IDENT.fullmatch(v) and not any(c.isdigit() for c in v): return False  # `API_KEY = api_key` is code
+    if _generated(v) and len(v) >= 12: return True  # a generated value
+    if not (_line_start(s, i) and _line_end(s, m.end("v"))): return upper and op == "=" and not (m.group("sp") or m.group("sp2"))
+    if op == "=" and (m.group("sp") or m.group("sp2")) and _IDENT.fullmatch(v) and not any(c.isdigit() for c in v): return False  # `X = x` is code
     return True  # a whole line `NAME=value`, `password: hunter2`, `POSTGRES_PASSWORD: example` (.env, YAML, compose, ini)
+_CAMEL = re.compile(r"[a-z]+(?:[A-Z][a-z0-9]*)+")
 
 _WRAP = re.compile(_PREFIXES + r"[A-Za-z0-9_\-]*(?:\\+(?:\r?\n|n)[ \t]*[A-Za-z0-9_\-]+)+")
 _WRAP_SEP = re.compile(r"\\+(?:\r?\n|n)[ \t]*")

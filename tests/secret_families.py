@@ -3,7 +3,7 @@
 Values are built from pieces so that this file holds no string a secret scanner would flag. Imported by
 tests/test_redaction.py and benchmarks/redaction.py, which also place each text in a tool result, a tool input and user text.
 """
-A40 = "wJalrXUtnFEMI" + "/K7MDENG/bPxRfi" + "CYzEXAMPLEKEY9"     # 40 characters, an AWS secret's shape
+A40 = "wJalrXUtnFEMI" + "/K7MDENG/bPxRfi" + "CYzEXAMPLE9Q"       # 40 characters, an AWS secret's shape
 AKID = "AKIA" + "Z3XMPL7Q2WLM4TRB"
 T36 = "q7Rw2Lm9" + "Xc4Vb8Nz" + "K3pT6yHd" + "5Fs1Jg0A" + "uE2i"     # 36 random token characters
 T24 = T36[:24]
@@ -52,8 +52,8 @@ FAMILIES = [
     ("atlassian api token", "jira token ATATT3x" + "FfGF0" + T36 + T36[:20] + "=A1B2C3D4", ["ATATT3xFfGF0" + T36]),
     ("notion token", "notion = Client(auth='ntn_" + "4159" + T36[:8] + T36 + "')", ["ntn_4159" + T36[:8]]),
     ("notion secret_", "NOTION_KEY: secret_" + T36 + "AbCdEfG", ["secret_" + T36]),
-    ("telegram bot token", "https://api.telegram.org/bot" + "7123456789:AA" + "Hk3Rq" + T24 + "wXyZ0" + "/getMe", ["7123456789:AAHk3Rq" + T24]),
-    ("telegram bot token bare", "bot = Bot('" + "6012345678:AA" + "Ff9Zq" + T24 + "Ab12c" + "')", ["6012345678:AAFf9Zq" + T24]),
+    ("telegram bot token", "https://api.telegram.org/bot" + "7123456789:AA" + "Hk3Rq" + T24 + "wXy0" + "/getMe", ["7123456789:AAHk3Rq" + T24]),
+    ("telegram bot token bare", "bot = Bot('" + "6012345678:AA" + "Ff9Zq" + T24 + "Ab1c" + "')", ["6012345678:AAFf9Zq" + T24]),
     ("discord webhook", "https://discord.com/api/webhooks/" + "112233445566778899" + "/" + T36 + "Qw-_" + T24, [T36 + "Qw-_"]),
     ("teams webhook", "https://acme.webhook.office.com/webhookb2/" + "0f1e2d3c-4b5a-6978-8a9b-0c1d2e3f4a5b@aa11bb22-cc33-dd44-ee55-ff6677889900"
      + "/IncomingWebhook/" + "9a8b7c6d5e4f30112233445566778899" + "/1a2b3c4d-5e6f-7081-92a3-b4c5d6e7f809", ["9a8b7c6d5e4f30112233445566778899"]),
@@ -63,7 +63,7 @@ FAMILIES = [
      "QyNTUxOQAAACDx" + T36 + "\n-----END OPENSSH " + "PRIVATE KEY-----\n", [T36]),
     ("putty ppk", "PuTTY-User-Key-File-3: ssh-ed25519\nEncryption: none\nComment: ci\nPublic-Lines: 2\nAAAAC3NzaC1lZDI1NTE5AAAAIB" + T24
      + "\nPrivate-Lines: 1\nAAAAIF" + T36 + "Zq8W\nPrivate-MAC: 9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c9f8e7d6c5b4a3f2e1d0c9b8a7f6e5d4c\n", ["AAAAIF" + T36]),
-    ("age secret key", "# created: 2024-01-01\n# public key: age1" + "qz8wm3rtyx2vn7lpkc5jq1" + "\nAGE-SECRET-KEY-1" + "QZ8WM3RTYX2VN7LPKC5JQ1" * 2 + "QZ8WM3RT" + "\n",
+    ("age secret key", "# created: 2024-01-01\n# public key: age1" + "qz8wm3rtyx2vn7lpkc5jq1" + "\nAGE-SECRET-KEY-1" + "QZ8WM3RTYX2VN7LPKC5JQ1" * 2 + "QZ8WM3RTYX2VN7" + "\n",
      ["AGE-SECRET-KEY-1QZ8WM3RTYX2VN7LPKC5JQ1"]),
     ("jwk private key", '{"kty": "EC", "crv": "P-256", "x": "f83OJ3D2xF1Bg8vub9tLe1gHMzV76e8Tus9uPHvRVEU", "y": "x_FEzRu9m36HLN_tue659LNpXW6pCyStikYjKIWI5a0", "d": "'
      + "jpsQnnGQmL-YBIffH1136cLV" + "_Z9IIM6Q7AOy7ICwAvwQ" + '"}', ["jpsQnnGQmL-YBIffH1136cLV_Z9IIM6Q7AOy7ICwAvwQ"]),

@@ -8,7 +8,8 @@
     bare (the secret alone in a sentence, for the tokens with a fixed prefix); and issue 35's families
     (tests/secret_families.py), each as user text, inside a tool result (JSON text) and inside a tool input (redact_json).
     A case is caught when its secret no longer appears in the output.
-(c) Time: ingesting the real sessions (ClaudeCodeIngester, CPU seconds) with this checkout and with `--baseline REV`.
+(c) Time: ingesting the real sessions (ClaudeCodeIngester, CPU seconds; the sessions repeated with fresh ids to ~20 MB by
+    benchmarks/ingest.py's builder) with this checkout and with `--baseline REV`, in separate processes, best of 3.
 
     python benchmarks/redaction.py [--files 3000] [--baseline 41c1168] [--detect-secrets] [--show 20]
 
@@ -18,7 +19,7 @@ import argparse, gzip, hashlib, json, os, subprocess, sys, tempfile, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 SESSIONS = ROOT.parent / "shared" / "fixtures" / "claude_code"
 EXTS = {".py", ".js", ".ts", ".json", ".yaml", ".yml", ".toml", ".cfg", ".md"}
 _SKIP_DIRS = {"tests", "test", "testing", "__tests__", "fixtures", "testdata", "examples", "spec"}
@@ -109,8 +110,8 @@ for _ in range(int(sys.argv[3])):
 print(min(ws), n)
 """
 
-def ingest_time(src: Path, reps=5):
-    out = subprocess.run([sys.executable, "-c", _INGEST, str(src), str(SESSIONS), str(reps)], capture_output=True, text=True, check=True)
+def ingest_time(src: Path, folder: Path, reps=3):
+    out = subprocess.run([sys.executable, "-c", _INGEST, str(src), str(folder), str(reps)], capture_output=True, text=True, check=True)
     t, n = out.stdout.split(); return float(t), int(n)
 
 def detect_secrets_redactor():
@@ -151,14 +152,16 @@ def main():
     if a.baseline:
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(f"git -C {ROOT} archive {a.baseline} composer_replication | tar -x -C {tmp}", shell=True, check=True)
-            tb, nb = ingest_time(Path(tmp)); tn, nn = ingest_time(ROOT)
-        res["ingest"] = {"baseline": a.baseline, "baseline_cpu_s": round(tb, 3), "cpu_s": round(tn, 3), "ratio": round(tn / tb, 2), "states": [nb, nn]}
+            from ingest import build
+            folder = Path(tmp) / "sessions"; mb = build(folder, 20, 4) / 1e6
+            tb, nb = ingest_time(Path(tmp), folder); tn, nn = ingest_time(ROOT, folder)
+        res["ingest"] = {"baseline": a.baseline, "baseline_cpu_s": round(tb, 3), "cpu_s": round(tn, 3), "ratio": round(tn / tb, 2), "states": [nb, nn], "mb": round(mb, 1)}
     for name, r in res.items():
         if name == "ingest": continue
         print(f"{name}: code files changed {r['code_files_changed']}/{r['code_files']}, session strings changed {r['session_strings_changed']}/{r['session_strings']}; "
               f"gitleaks cases caught {r['gitleaks_caught']}/{r['gitleaks_cases']} ({r['gitleaks_rules']} rules), prefixed bare {r['prefixed_bare_caught']}/{r['prefixed_bare']}, "
               f"families {r['families_caught']}/{r['families']}; {r['cpu_seconds']} CPU s")
-    if "ingest" in res: print("ingest on the real sessions: {cpu_s} CPU s vs {baseline_cpu_s} at {baseline}: {ratio}x".format(**res["ingest"]))
+    if "ingest" in res: print("ingest of the real sessions ({mb} MB, {states[1]} states): {cpu_s} CPU s vs {baseline_cpu_s} at {baseline}: {ratio}x".format(**res["ingest"]))
     out = ROOT / "benchmarks" / "results"; out.mkdir(parents=True, exist_ok=True)
     (out / "redaction.json").write_text(json.dumps(res, indent=1))
 

@@ -214,14 +214,16 @@ _PREFIXED = (  # tokens with a fixed, documented prefix (gitleaks' rules and the
     r"|AGE-SECRET-KEY-1[0-9A-Z]{58}|figd_[\w\-]{40,}|dp\.(?:pt|st|ct|sa|scim|audit)\.[A-Za-z0-9]{40,}|gl(?:ptt|dt|rt|soat|cbt|ffct|imt|agent|oas|ft)-[\w\-]{20,}"
     r"|oy2[a-z0-9]{43}|AKCp[A-Za-z0-9]{69}|ya29\.[\w\-]{30,}|nfp_[A-Za-z0-9]{36}|pat[A-Za-z0-9]{14}\.[a-f0-9]{64}|key-[a-f0-9]{32}|ops_eyJ[\w\-]{30,}"
     r"|A3-[A-Z0-9]{6}-(?:[A-Z0-9]{11}|[A-Z0-9]{6}-[A-Z0-9]{5})-[A-Z0-9]{5}-[A-Z0-9]{5}-[A-Z0-9]{5}"
-    r"|[MNO][A-Za-z\d_\-]{23,27}\.[\w\-]{6}\.[\w\-]{27,40}")
+    r"|[MNO][A-Za-z\d_\-]{23,27}\.[\w\-]{6}\.[\w\-]{27,40}|pplx-[A-Za-z0-9]{48}|EZ[AT]K[A-Za-z0-9]{54}|dt0c01\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}"
+    r"|sha256~[\w\-]{43}|[ps]k\.[a-z0-9]{60}\.[a-z0-9]{22}|(?:pat|sat)\.[\w\-]{22}\.[0-9a-f]{24}\.[A-Za-z0-9]{20}|(?:live|test)_(?:pub_)?[a-f0-9]{31,35}"
+    r"|CLOJARS_[a-z0-9]{60}|squ_[a-f0-9]{40}")
 _PREFIXED_SCREEN = (r"hv[sbr]\.|shp(?:at|ca|pa|ss)_|sq0(?:atp|csp)-|EAAA|lin_(?:api|oauth)_|ATATT3|ntn_|secret_|dapi|_v1_|fo1_|fm[12]|gl(?:c|sa)_|eyJrIjoi"
                     r"|HRKU-|api_org_|ico-|_mmk|pscale_|PMAK-|pnu_|pul-|rdme_|rubygems_|tk-us-|SG\.|xkeysib-|sntry|sm_[aps]at_|shippo_|_prod_|v1\.0-|dckr_pat_"
-                    r"|AGE-SECRET|figd_|dp\.|gl[a-z]{1,5}-|oy2|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-|ops_eyJ|A3-|[0-9]:A|[MNO][A-Za-z0-9_\-]{20}")  # _PREFIXED's heads
+                    r"|AGE-SECRET|figd_|dp\.|gl[a-z]{1,5}-|oy2|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-|ops_eyJ|A3-|[0-9]:A|[MNO][A-Za-z0-9_\-]{20}|pplx-|EZ[AT]K|dt0c01\.|sha256~|[ps]k\.|[ps]at\.|live_|test_|CLOJARS_|squ_")  # _PREFIXED's heads
 _PREFIXED_T = ("hvs.", "hvb.", "hvr.", "shp", "sq0", "eaaa", "lin_", "atatt3", "ntn_", "secret_", "dapi", "_v1_", "fo1_", "fm1", "fm2", "glc_", "glsa_",
                "eyjrijoi", "hrku-", "api_org_", "ico-", "_mmk", "pscale_", "pmak-", "pnu_", "pul-", "rdme_", "rubygems_", "tk-us-", "sg.", "xkeysib-", "sntry",
                "sm_", "shippo_", "_prod_", "v1.0-", "dckr_pat_", "age-secret-key-1", "figd_", "dp.", "gl", "oy2", "akcp", "ya29.", "nfp_", "pat", "key-",
-               "ops_", "a3-", ":a", ".")
+               "ops_", "a3-", ":a", ".", "pplx-", "ezak", "eztk", "sha256~", "live_", "test_", "squ_")
 _CLIS = r"sshpass|redis-cli|mongo(?:sh|dump|restore|import|export)?|sqlcmd|az|plink|pscp|psftp|ldap[a-z]+|openssl|ssh-keygen|mysql[a-z]*|mariadb[a-z\-]*|smbclient|influx|curl|gpg|zip|unzip"
 _CLI_SCREEN = r"(?:^|[^\w\-])(?:" + _CLIS + r")\b[^\n]*?[ \t]-"
 _SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|gh[pousr]_|github_pat_|glpat-|hf_[A-Za-z0-9]{30}|xox[abposre]-|xapp-|AIza"
@@ -233,7 +235,7 @@ _SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|g
                r"|(?i:machine)[ \t]+[^\s]+[ \t]+(?i:login|password)[ \t]|(?m:^[ \t]*password[ \t]+[^\s])|\\n[ \t]*password[ \t]"
                r"|" + _PREFIXES + r"[A-Za-z0-9_\-]*(?:\\+(?:\r?\n|n)|\r?\n)"  # a key wrapped by a `\` continuation, a JSON "\n" or a terminal
                r"|" + _B64 + "{16}" + _NL + _B64 + "{16}"  # two lines of base64: a PEM body
-               r"|" + _PREFIXED_SCREEN + r"|(?i:passphrase|pass_phrase|private-lines|\"kty|password-stdin|webhook)|" + _CLI_SCREEN)
+               r"|" + _PREFIXED_SCREEN + r"|(?i:token|key|secret|passw(?:or)?d|pwd)>|(?i:passphrase|pass_phrase|private-lines|\"kty|password-stdin|webhook)|" + _CLI_SCREEN)
 
 def _make_screen():
     "`hit(text) -> bool`: False only when no rule below can match `text`; None without google-re2."
@@ -299,7 +301,7 @@ def _random_looking(v):
     return (any(c.isdigit() for c in v) and any(c.isalpha() for c in v)) or (len(v) >= 20 and not v.islower() and not v.isupper())
 
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
-_TOKCH = re.compile(r"[A-Za-z0-9_\-+/=.~]+")
+_TOKCH = re.compile(r"[A-Za-z0-9_\-+/=.~:]+")
 _UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 def _wordy(v):
@@ -313,7 +315,7 @@ _ALNUM_FLIP = re.compile(r"(?<=[A-Za-z])[0-9]|(?<=[0-9])[A-Za-z]")  # letter-dig
 
 def _token_value(v, strong=False):
     "A generated token: 8+ token characters, letters and digits (or long and mixed case), not words; a UUID only under a strong name."
-    return (len(v) >= 8 and _TOKCH.fullmatch(v) is not None and _random_looking(v) and not _wordy(v) and not ("_" in v and v.islower() and _IDENT.fullmatch(v))
+    return (len(v) >= 8 and _TOKCH.fullmatch(v) is not None and _random_looking(v) and not _wordy(v) and not ("_" in v and v.islower() and _IDENT.fullmatch(v) and not any(len(_ALNUM_FLIP.findall(p)) > 2 for p in v.split("_")))
             and (strong or _UUID.fullmatch(v) is None))
 
 def _xml_secret(s, m):
@@ -379,6 +381,8 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
     ("aws_secret_key", ("akia", "asia"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:AKIA|ASIA)[0-9A-Z]{16}\\?['\"]?[ \t]*[,\t;|:][ \t]*\\?['\"]?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])", "v",
      _aws_secret),  # an access key id next to its secret: a console credentials.csv, a table
     ("api_token", _PREFIXED_T, r"(?<![A-Za-z0-9_\-.])(?:" + _PREFIXED + r")(?![A-Za-z0-9])", None, None),
+    ("secret_assignment", ("token>", "key>", "secret>", "word>", "pwd>"),
+     r"<(?P<n>[\w.\-]*(?i:token|key|secret|passw(?:or)?d|pwd))>[ \t]*(?:\r?\n|\\+n)?[ \t]*(?P<v>[^<\s\\]{4,})[ \t]*(?:\r?\n|\\+n)?[ \t]*</(?P=n)>", "v", _xml_secret),
     ("telegram_bot_token", (":a",), r"(?<![0-9])[0-9]{5,16}:A[\w\-]{33,35}(?![\w\-])", None, None),
     ("aws_access_key", ("akia", "asia", "abia", "acca"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])", None, None),
     ("bearer_token", ("bearer",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))[Bb]earer[ \t]+(?P<v>[A-Za-z0-9\-._~+/]{16,}=*)", "v", None),
@@ -446,10 +450,10 @@ def _assign_is_secret(s, m):
     if s[max(0, i - 2):i] == "::": return False  # AWS::ApiGateway::ApiKey: a type name
     stem, suf = s[i:a], s[a:m.start("q0")]
     name, lsuf = stem + suf, suf.lower()
-    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK)
+    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK) or (stem.isupper() and suf.istitle())
                      or (name.isupper() and lsuf in ("password", "passwd", "token", "secret", "pass"))): return False  # PGPASSWORD, SSHPASS
     v, q, op = m.group("v"), m.group("q"), m.group("op")
-    if op == ",": return bool(m.group("q0") and q) and name.isupper() and _token_value(v)  # setProperty("X_TOKEN", "...")
+    if op == ",": return bool(m.group("q0") and q) and name.isupper() and _token_value(v, True)  # setProperty("X_TOKEN", "...")
     if not q and (_code_value(v, name) or s[m.end("v"):m.end("v") + 1] in ("(", "[")): return False  # code: a call, a path, a type
     op = "=" if op.endswith("=") or op == "=>" else op
     if _placeholder(v) or v.lower() in (name.lower(), lsuf): return False

@@ -265,7 +265,7 @@ def _placeholder(v):
     lv = v.lower()
     if _SELF_NAMED.fullmatch(lv): return True  # mynewpassword, whsec_test_secret
     return (not v or v[0] in _REF or v.startswith("[REDACTED") or v.isdigit() or lv in _NOT_SECRET or len(set(lv)) <= 2
-            or lv.startswith(("your", "<", "os.", "env.", "process.env", "my_", "my-", "fake", "dummy", "example", "sample", "./", "../"))
+            or lv.startswith(("your", "<", "os.", "env.", "process.env", "fake", "dummy", "example_", "example-", "sample_", "sample-", "./", "../"))
             or lv.endswith(("_here", "-here", "...", "xxx")) or _VERSION.fullmatch(v) is not None)
 _VERSION = re.compile(r"[\d.^~<>=*x|, -]+")  # a version or a range: 1.2.1, ^17.1.0
 
@@ -380,7 +380,6 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
     ("google_api_key", ("aiza",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))AIza[0-9A-Za-z_\-]{35}", None, None),
     ("aws_secret_key", ("akia", "asia"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:AKIA|ASIA)[0-9A-Z]{16}\\?['\"]?[ \t]*[,\t;|:][ \t]*\\?['\"]?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])", "v",
      _aws_secret),  # an access key id next to its secret: a console credentials.csv, a table
-    ("api_token", _PREFIXED_T, r"(?<![A-Za-z0-9_\-.])(?:" + _PREFIXED + r")(?![A-Za-z0-9])", None, None),
     ("secret_assignment", ("token>", "key>", "secret>", "word>", "pwd>"),
      r"<(?P<n>[\w.\-]*(?i:token|key|secret|passw(?:or)?d|pwd))>[ \t]*(?:\r?\n|\\+n)?[ \t]*(?P<v>[^<\s\\]{4,})[ \t]*(?:\r?\n|\\+n)?[ \t]*</(?P=n)>", "v", _xml_secret),
     ("telegram_bot_token", (":a",), r"(?<![0-9])[0-9]{5,16}:A[\w\-]{33,35}(?![\w\-])", None, None),
@@ -425,6 +424,7 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
      r"\\?\"(?P<f>auth|identitytoken|registrytoken)\\?\"[ \t]*:[ \t]*\\?\"(?P<v>[A-Za-z0-9+/=_\-.]{8,})\\?\"", "v", _docker_auth),
     ("docker_password", ("docker",), r"docker[ \t]+login\b[^\n;|&]*?[ \t](?:-p|--password)(?:[ \t]+|=)(?P<q>\\?['\"]|)(?P<v>[^\s'\"\\\-]" + _VS + r"*)(?P=q)", "v",
      lambda s, m: not _placeholder(m.group("v"))),
+    ("api_token", _PREFIXED_T, r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9_\-.]))(?:" + _PREFIXED + r")(?![A-Za-z0-9])", None, None),
     ("secret_flag", ("--",), r"(?<![\w\-])--(?:[A-Za-z0-9]+-)*(?i:password|passwd|pass|token|secret|api-key|apikey|access-key|secret-key|auth-token)[ \t]+(?P<q>\\?['\"]|)"
      r"(?P<v>[^\s'\"\\\-]" + _VS + r"*)(?P=q)", "v", _flag_value),
     ("netrc_password", ("machine", "default"), r"(?:(?<=\\n)|(?<![\w\-]))(?:machine[ \t]+\S+|default)[ \t]+login[ \t]+\S+[ \t]+password[ \t]+(?P<v>" + _VS + r"+)", "v", lambda s, m: not _placeholder(m.group("v"))),
@@ -458,6 +458,7 @@ def _assign_is_secret(s, m):
     op = "=" if op.endswith("=") or op == "=>" else op
     if _placeholder(v) or v.lower() in (name.lower(), lsuf): return False
     lname = name.lower()
+    if stem.startswith("--"): return op == "="  # --token=..., --api-key=...
     if not any(w in lname for w in ("pass", "pwd", "secret")):  # a key or a token: only a generated value
         return _token_value(v, lname.rstrip("_-.").endswith(_KEY_STRONG) or lname.startswith("--") or not name[0].isupper() or name.isupper())
     if lsuf.startswith("pass") and not lsuf.startswith(("passw", "passphrase")) and not name.isupper() and not stem: return False  # pass = ...

@@ -253,6 +253,7 @@ def _make_screen():
     return hit
 _SCREEN = _make_screen()  # every secret the rules below find makes this return True
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v1
 _IDCH = frozenset(string.ascii_letters + string.digits + "_-.")
 _NOT_SECRET = frozenset({"true", "false", "null", "nil", "none", "undefined", "required", "optional", "string", "changeme", "change_me",
                          "changethis", "replace_me", "placeholder", "redacted", "password", "secret", "token", "dummy", "abc123", "mypassword",
@@ -327,6 +328,7 @@ def _generated(v):
     "A random-looking value that is not a snake_case identifier (`tokenizer_v2` is code, `a8f3e21c9b7d` is a key)."
     return _random_looking(v) and not (_IDENT.fullmatch(v) and "_" in v)
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v2
 def _provider_kind(tok): return "anthropic_key" if tok.startswith("sk-ant-") else "openrouter_key" if tok.startswith("sk-or-") else "openai_key"
 
 def _docker_auth(s, m):
@@ -366,6 +368,7 @@ def _pem_body(s, m):
 def _aws_secret(s, m): return _random_looking(m.group("v"))
 def _passphrase(s, m): return not _placeholder(m.group("v") or m.group("w"))
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v3
 _VS = r"[^\s'\"\\]"  # a value character: not a space, a quote or a backslash (a JSON escape ends a value, so JSON stays valid)
 _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(match text) -> kind, lower-case triggers, regex, value group, check(text, match) or None)
     ("private_key", ("private key",), r"-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----(?:[^\"\\]|\\[\s\S])*?(?:-----END[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----|(?=\"|\\?\Z))", None, None),
@@ -432,6 +435,8 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
     ("connection_password", ("password=", "pwd=", "password =", "pwd ="), r"(?i:(?:^|(?<=[;\"']))[ \t]*(?:password|pwd)[ \t]*=[ \t]*)(?P<v>[^;\"'\r\n\\ \t][^;\"'\r\n\\]{0,127}?)[ \t]*(?=;|[\"'\r\n\\]|$)",
      "v", _ado_password),
 ]]
+
+# %% ../../nbs/09_ingestion.core.ipynb #red35v4
 _ASSIGN_T = ("key", "token", "secret", "pass", "pwd")
 _VU = r"[^\s'\"\\,;(){}\[\]<>`]"  # an unquoted value character: not a separator of code either
 _ASSIGN_SRC = (r"(?P<q0>\\?['\"]?)(?P<ty>[ \t]*:?[ \t]+(?:[Ss]tring|str))?(?P<sp>[ \t]*)(?P<op>:{1,3}=|[?.+]=|=>|=(?![=>~])|:(?![:=])|,)(?P<sp2>[ \t]*)"
@@ -473,6 +478,7 @@ def _assign_is_secret(s, m):
     return True  # a whole line `NAME=value`, `password: hunter2`, `POSTGRES_PASSWORD: example` (.env, YAML, compose, ini)
 _CAMEL = re.compile(r"[a-z]+(?:[A-Z][a-z0-9]*)+")
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v5
 _WRAP = re.compile(_PREFIXES + r"[A-Za-z0-9_\-]*(?:(?:\\+(?:\r?\n|n)|\r?\n)[ \t]*[A-Za-z0-9_\-]+(?=[\s'\"\\]|$))+")
 _WRAP_SEP = re.compile(r"(?:\\+(?:\r?\n|n)|\r?\n)[ \t]*")
 

@@ -80,16 +80,22 @@ def false_positives(redact, files, strs, show=0):
 def gitleaks_cases():
     with gzip.open(ROOT / "benchmarks" / "data" / "gitleaks_tp.jsonl.gz", "rt") as fh: return [json.loads(l) for l in fh]
 
-def true_positives(redact, redact_json, show=0):
+def _json_back(redact, text):
+    "`text` inside a tool result, redacted as JSON text and read back (the raw output where the redactor broke the JSON)."
+    out = redact(json.dumps({"type": "tool_result", "content": text}))
+    try: return json.loads(out)["content"]
+    except json.JSONDecodeError: return out
+
+def true_positives(redact, redact_json, show=0, every=1):
     from secret_families import FAMILIES
-    cs = gitleaks_cases()
+    cs = gitleaks_cases()[::every]
     missed = [c for c in cs if c["secret"] in redact(c["text"])]
     pre = [c for c in cs if c["unique_prefix"]]
     bare = [f"the value is {c['secret']} (from the dashboard)" for c in pre]
     missed_bare = [c for c, t in zip(pre, bare) if c["secret"] in redact(t)]
     fam_miss = []
     for fam, text, secrets in FAMILIES:
-        outs = {"user text": redact(text), "tool result": json.loads(redact(json.dumps({"type": "tool_result", "content": text})))["content"],
+        outs = {"user text": redact(text), "tool result": _json_back(redact, text),
                 "tool input": redact_json({"command": text})["command"]}
         for where, o in outs.items():
             if any(s in o for s in secrets): fam_miss.append(f"{fam} ({where})")
@@ -146,8 +152,8 @@ def main():
     res["ours"]["cpu_seconds"] = round(time.process_time() - t0, 2)
     if a.detect_secrets:
         r, rj = detect_secrets_redactor(); t0 = time.process_time()
-        sub = files[:300]  # it is slow: a tenth of the files
-        res["detect_secrets"] = {**false_positives(r, sub, strs[:3000]), **true_positives(r, rj), "cpu_seconds": round(time.process_time() - t0, 2)}
+        sub = files[:300]  # it is slow: a tenth of the files, the first 3,000 session strings, every 4th gitleaks case
+        res["detect_secrets"] = {**false_positives(r, sub, strs[:3000]), **true_positives(r, rj, every=4), "cpu_seconds": round(time.process_time() - t0, 2)}
         t0 = time.process_time(); [redact_secrets(p.read_text(errors="replace")) for p in sub]; res["detect_secrets"]["ours_cpu_seconds_same_files"] = round(time.process_time() - t0, 3)
     if a.baseline:
         with tempfile.TemporaryDirectory() as tmp:

@@ -217,9 +217,11 @@ _PREFIXED = (  # tokens with a fixed, documented prefix (gitleaks' rules and the
     r"|[MNO][A-Za-z\d_\-]{23,27}\.[\w\-]{6}\.[\w\-]{27,40}|pplx-[A-Za-z0-9]{48}|EZ[AT]K[A-Za-z0-9]{54}|dt0c01\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}"
     r"|sha256~[\w\-]{43}|[ps]k\.[a-z0-9]{60}\.[a-z0-9]{22}|(?:pat|sat)\.[\w\-]{22}\.[0-9a-f]{24}\.[A-Za-z0-9]{20}|(?:live|test)_(?:pub_)?[a-f0-9]{31,35}"
     r"|CLOJARS_[a-z0-9]{60}|squ_[a-f0-9]{40}")
-_PREFIXED_SCREEN = (r"hv[sbr]\.|shp(?:at|ca|pa|ss)_|sq0(?:atp|csp)-|EAAA|lin_(?:api|oauth)_|ATATT3|ntn_|secret_|dapi|_v1_|fo1_|fm[12]|gl(?:c|sa)_|eyJrIjoi"
-                    r"|HRKU-|api_org_|ico-|_mmk|pscale_|PMAK-|pnu_|pul-|rdme_|rubygems_|tk-us-|SG\.|xkeysib-|sntry|sm_[aps]at_|shippo_|_prod_|v1\.0-|dckr_pat_"
-                    r"|AGE-SECRET|figd_|dp\.|gl[a-z]{1,5}-|oy2|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-|ops_eyJ|A3-|[0-9]:A|[MNO][A-Za-z0-9_\-]{20}|pplx-|EZ[AT]K|dt0c01\.|sha256~|[ps]k\.|[ps]at\.|live_|test_|CLOJARS_|squ_")  # _PREFIXED's heads
+_PREFIXED_SCREEN = (r"hv[sbr]\.|shp(?:at|ca|pa|ss)_|sq0(?:atp|csp)-|EAAA[\w\-]{20}|lin_(?:api|oauth)_|ATATT3|ntn_|secret_[A-Za-z0-9]{43}|dapi[a-f0-9]{32}|do[opr]_v1_"
+                    r"|fo1_|fm[12][ar]?_|gl(?:c|sa)_|eyJrIjoi|HRKU-|api_org_|ico-[A-Za-z0-9]{32}|_mmk|pscale_|PMAK-|pnu_|pul-[a-f0-9]{40}|rdme_|rubygems_|tk-us-|SG\.|xkeysib-"
+                    r"|sntry|sm_[aps]at_|shippo_|_prod_|v1\.0-[a-f0-9]{24}|dckr_pat_|AGE-SECRET|figd_|dp\.(?:pt|st|ct|sa|scim|audit)\.|gl(?:ptt|dt|rt|soat|cbt|ffct|imt|agent|oas|ft)-"
+                    r"|oy2[a-z0-9]{43}|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-[a-f0-9]{32}|ops_eyJ|A3-[A-Z0-9]{6}-|[0-9]:A[\w\-]{33}|[MNO][A-Za-z0-9_\-]{23,27}\.[\w\-]{6}\."
+                    r"|pplx-|EZ[AT]K|dt0c01\.|sha256~|[ps]k\.[a-z0-9]{60}|[ps]at\.[\w\-]{22}\.|(?:live|test)_(?:pub_)?[a-f0-9]{31}|CLOJARS_|squ_")  # _PREFIXED's heads
 _PREFIXED_T = ("hvs.", "hvb.", "hvr.", "shp", "sq0", "eaaa", "lin_", "atatt3", "ntn_", "secret_", "dapi", "_v1_", "fo1_", "fm1", "fm2", "glc_", "glsa_",
                "eyjrijoi", "hrku-", "api_org_", "ico-", "_mmk", "pscale_", "pmak-", "pnu_", "pul-", "rdme_", "rubygems_", "tk-us-", "sg.", "xkeysib-", "sntry",
                "sm_", "shippo_", "_prod_", "v1.0-", "dckr_pat_", "age-secret-key-1", "figd_", "dp.", "gl", "oy2", "akcp", "ya29.", "nfp_", "pat", "key-",

@@ -121,17 +121,16 @@ def ingest_time(src: Path, folder: Path, reps=3):
     t, n = out.stdout.split(); return float(t), int(n)
 
 def detect_secrets_redactor():
-    "detect-secrets (Yelp) as a redactor: every secret its default plugins find on a line is replaced."
-    from detect_secrets.core.scan import scan_line
+    "detect-secrets (Yelp) as a redactor: its file scan (default plugins and filters) over the text's lines; each secret found is replaced."
+    from detect_secrets.core.scan import _process_line_based_plugins  # what scan_file runs (scan_line is its eager ad-hoc mode)
     from detect_secrets.settings import default_settings
     def redact(text):
+        lines = text.split("\n")
         with default_settings():
-            out = []
-            for line in text.split("\n"):
-                for s in scan_line(line):
-                    if s.secret_value: line = line.replace(s.secret_value, "[REDACTED]")
-                out.append(line)
-        return "\n".join(out)
+            found = list(_process_line_based_plugins(lines=list(enumerate(lines, 1)), filename="trace.txt"))
+        for sec in found:
+            if sec.secret_value: lines[sec.line_number - 1] = lines[sec.line_number - 1].replace(sec.secret_value, "[REDACTED]")
+        return "\n".join(lines)
     def redact_json(v):
         if isinstance(v, str): return redact(v)
         if isinstance(v, dict): return {k: redact_json(x) for k, x in v.items()}

@@ -217,11 +217,11 @@ _PREFIXED = (  # tokens with a fixed, documented prefix (gitleaks' rules and the
     r"|[MNO][A-Za-z\d_\-]{23,27}\.[\w\-]{6}\.[\w\-]{27,40}|pplx-[A-Za-z0-9]{48}|EZ[AT]K[A-Za-z0-9]{54}|dt0c01\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}"
     r"|sha256~[\w\-]{43}|[ps]k\.[a-z0-9]{60}\.[a-z0-9]{22}|(?:pat|sat)\.[\w\-]{22}\.[0-9a-f]{24}\.[A-Za-z0-9]{20}|(?:live|test)_(?:pub_)?[a-f0-9]{31,35}"
     r"|CLOJARS_[a-z0-9]{60}|squ_[a-f0-9]{40}")
-_PREFIXED_SCREEN = (r"hv[sbr]\.|shp(?:at|ca|pa|ss)_|sq0(?:atp|csp)-|EAAA[\w\-]{20}|lin_(?:api|oauth)_|ATATT3|ntn_|secret_[A-Za-z0-9]{43}|dapi[a-f0-9]{32}|do[opr]_v1_"
-                    r"|fo1_|fm[12][ar]?_|gl(?:c|sa)_|eyJrIjoi|HRKU-|api_org_|ico-[A-Za-z0-9]{32}|_mmk|pscale_|PMAK-|pnu_|pul-[a-f0-9]{40}|rdme_|rubygems_|tk-us-|SG\.|xkeysib-"
-                    r"|sntry|sm_[aps]at_|shippo_|_prod_|v1\.0-[a-f0-9]{24}|dckr_pat_|AGE-SECRET|figd_|dp\.(?:pt|st|ct|sa|scim|audit)\.|gl(?:ptt|dt|rt|soat|cbt|ffct|imt|agent|oas|ft)-"
-                    r"|oy2[a-z0-9]{43}|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-[a-f0-9]{32}|ops_eyJ|A3-[A-Z0-9]{6}-|[0-9]:A[\w\-]{33}|[MNO][A-Za-z0-9_\-]{23,27}\.[\w\-]{6}\."
-                    r"|pplx-|EZ[AT]K|dt0c01\.|sha256~|[ps]k\.[a-z0-9]{60}|[ps]at\.[\w\-]{22}\.|(?:live|test)_(?:pub_)?[a-f0-9]{31}|CLOJARS_|squ_")  # _PREFIXED's heads
+_PREFIXED_SCREEN = (r"hv[sbr]\.|shp(?:at|ca|pa|ss)_|sq0(?:atp|csp)-|EAAA[\w\-]{20}|lin_(?:api|oauth)_|ATATT3|ntn_|secret_[A-Za-z0-9]{16}|dapi[a-f0-9]{16}|do[opr]_v1_"
+                    r"|fo1_|fm[12][ar]?_|gl(?:c|sa)_|eyJrIjoi|HRKU-|api_org_|ico-[A-Za-z0-9]{16}|_mmk|pscale_|PMAK-|pnu_|pul-[a-f0-9]{16}|rdme_|rubygems_|tk-us-|SG\.|xkeysib-"
+                    r"|sntry|sm_[aps]at_|shippo_|_prod_|v1\.0-[a-f0-9]{16}|dckr_pat_|AGE-SECRET|figd_|dp\.(?:pt|st|ct|sa|scim|audit)\.|gl(?:ptt|dt|rt|soat|cbt|ffct|imt|agent|oas|ft)-"
+                    r"|oy2[a-z0-9]{16}|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-[a-f0-9]{16}|ops_eyJ|A3-[A-Z0-9]{6}-|[0-9]:A[\w\-]{16}|[MNO][A-Za-z0-9_\-]{23,27}\.[\w\-]{6}\."
+                    r"|pplx-|EZ[AT]K|dt0c01\.|sha256~|[ps]k\.[a-z0-9]{16}|[ps]at\.[\w\-]{22}\.|(?:live|test)_(?:pub_)?[a-f0-9]{16}|CLOJARS_|squ_")  # _PREFIXED's heads
 _PREFIXED_T = ("hvs.", "hvb.", "hvr.", "shp", "sq0", "eaaa", "lin_", "atatt3", "ntn_", "secret_", "dapi", "_v1_", "fo1_", "fm1", "fm2", "glc_", "glsa_",
                "eyjrijoi", "hrku-", "api_org_", "ico-", "_mmk", "pscale_", "pmak-", "pnu_", "pul-", "rdme_", "rubygems_", "tk-us-", "sg.", "xkeysib-", "sntry",
                "sm_", "shippo_", "_prod_", "v1.0-", "dckr_pat_", "age-secret-key-1", "figd_", "dp.", "gl", "oy2", "akcp", "ya29.", "nfp_", "pat", "key-",
@@ -242,7 +242,9 @@ _SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|g
 def _make_screen():
     "`hit(text) -> bool`: False only when no rule below can match `text`; None without google-re2."
     if _re2 is None: return None
-    rx = _re2.compile(_SCREEN_SRC.encode())  # a bytes pattern: the wrapper skips its str-offset bookkeeping
+    try: opts = _re2.Options(); opts.max_mem = 64 << 20  # room for the DFA: at the default 8 MB it gives up on long texts (and logs it)
+    except AttributeError: opts = None
+    rx = _re2.compile(_SCREEN_SRC.encode(), opts) if opts is not None else _re2.compile(_SCREEN_SRC.encode())  # bytes: no str-offset bookkeeping
     try:  # the C-level matcher costs ~2 us a call instead of ~10-20 us through the wrapper's generator
         low, anchor = rx._regexp, _re2._Anchor.UNANCHORED
         low.Match(anchor, b"x", 0, 1)

@@ -204,20 +204,47 @@ except ImportError: _re2 = None
 
 _B64, _NL = r"[A-Za-z0-9+/]", r"(?:\r?\n|\\+n)"  # a base64 character; a line break, raw or JSON-escaped
 _PREFIXES = r"(?:sk-|gh[pousr]_|github_pat_|glpat-|hf_|xox[abposre]-|xapp-|AKIA|ASIA|AIza|eyJ|npm_|[sr]k_(?:live|test)_|SG\.|pypi-AgE)"
+_PREFIXED = (  # tokens with a fixed, documented prefix (gitleaks' rules and the vendors' docs): vaults, commerce, trackers, notes, clouds, CI
+    r"hv[sbr]\.[A-Za-z0-9_\-]{20,}|shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}|sq0(?:atp|csp)-[\w\-]{22,}|EAAA[\w\-]{60}|lin_(?:api|oauth)_[A-Za-z0-9]{32,}"
+    r"|ATATT3[\w\-=]{30,}|ntn_[A-Za-z0-9]{40,}|secret_[A-Za-z0-9]{43}|dapi[a-f0-9]{32}(?:-\d)?|do[opr]_v1_[a-f0-9]{64}|fo1_[\w\-]{43}"
+    r"|fm[12][ar]?_[A-Za-z0-9+/]{100,}={0,3}|gl(?:c|sa)_[A-Za-z0-9+/_]{32,}={0,3}|eyJrIjoi[A-Za-z0-9]{70,}={0,3}|HRKU-AA[\w\-]{58}|api_org_[A-Za-z]{34}"
+    r"|ico-[A-Za-z0-9]{32}|[A-Za-z0-9]{6}_[A-Za-z0-9]{29}_mmk|pscale_(?:tkn|oauth|pw)_[\w=.\-]{32,64}|PMAK-[a-fA-F0-9]{24}-[a-fA-F0-9]{34}|pnu_[A-Za-z0-9]{36}"
+    r"|pul-[a-f0-9]{40}|rdme_[a-z0-9]{70}|rubygems_[a-f0-9]{48}|tk-us-[\w\-]{48}|SG\.[\w\-.=]{66}|xkeysib-[a-f0-9]{64}-[A-Za-z0-9]{16}|sntry[us]_[A-Za-z0-9+/=_]{40,}"
+    r"|sm_[aps]at_[A-Za-z0-9]{16}|shippo_(?:live|test)_[a-fA-F0-9]{40}|[sr]k_prod_[A-Za-z0-9]{10,}|v1\.0-[a-f0-9]{24}-[a-f0-9]{146}|dckr_pat_[\w\-]{27,}"
+    r"|AGE-SECRET-KEY-1[0-9A-Z]{58}|figd_[\w\-]{40,}|dp\.(?:pt|st|ct|sa|scim|audit)\.[A-Za-z0-9]{40,}|gl(?:ptt|dt|rt|soat|cbt|ffct|imt|agent|oas|ft)-[\w\-]{20,}"
+    r"|oy2[a-z0-9]{43}|AKCp[A-Za-z0-9]{69}|ya29\.[\w\-]{30,}|nfp_[A-Za-z0-9]{36}|pat[A-Za-z0-9]{14}\.[a-f0-9]{64}|key-[a-f0-9]{32}|ops_eyJ[\w\-]{30,}"
+    r"|A3-[A-Z0-9]{6}-(?:[A-Z0-9]{11}|[A-Z0-9]{6}-[A-Z0-9]{5})-[A-Z0-9]{5}-[A-Z0-9]{5}-[A-Z0-9]{5}"
+    r"|[MNO][A-Za-z\d_\-]{23,27}\.[\w\-]{6}\.[\w\-]{27,40}|pplx-[A-Za-z0-9]{48}|EZ[AT]K[A-Za-z0-9]{54}|dt0c01\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}"
+    r"|sha256~[\w\-]{43}|[ps]k\.[a-z0-9]{60}\.[a-z0-9]{22}|(?:pat|sat)\.[\w\-]{22}\.[0-9a-f]{24}\.[A-Za-z0-9]{20}|(?:live|test)_(?:pub_)?[a-f0-9]{31,35}"
+    r"|CLOJARS_[a-z0-9]{60}|squ_[a-f0-9]{40}")
+_PREFIXED_SCREEN = (r"hv[sbr]\.|shp(?:at|ca|pa|ss)_|sq0(?:atp|csp)-|EAAA[\w\-]{20}|lin_(?:api|oauth)_|ATATT3|ntn_|secret_[A-Za-z0-9]{16}|dapi[a-f0-9]{16}|do[opr]_v1_"
+                    r"|fo1_|fm[12][ar]?_|gl(?:c|sa)_|eyJrIjoi|HRKU-|api_org_|ico-[A-Za-z0-9]{16}|_mmk|pscale_|PMAK-|pnu_|pul-[a-f0-9]{16}|rdme_|rubygems_|tk-us-|SG\.|xkeysib-"
+                    r"|sntry|sm_[aps]at_|shippo_|_prod_|v1\.0-[a-f0-9]{16}|dckr_pat_|AGE-SECRET|figd_|dp\.(?:pt|st|ct|sa|scim|audit)\.|gl(?:ptt|dt|rt|soat|cbt|ffct|imt|agent|oas|ft)-"
+                    r"|oy2[a-z0-9]{16}|AKCp|ya29\.|nfp_|pat[A-Za-z0-9]{14}\.|key-[a-f0-9]{16}|ops_eyJ|A3-[A-Z0-9]{6}-|[0-9]:A[\w\-]{16}|[MNO][A-Za-z0-9_\-]{23,27}\.[\w\-]{6}\."
+                    r"|pplx-|EZ[AT]K|dt0c01\.|sha256~|[ps]k\.[a-z0-9]{16}|[ps]at\.[\w\-]{22}\.|(?:live|test)_(?:pub_)?[a-f0-9]{16}|CLOJARS_|squ_")  # _PREFIXED's heads
+_PREFIXED_T = ("hvs.", "hvb.", "hvr.", "shp", "sq0", "eaaa", "lin_", "atatt3", "ntn_", "secret_", "dapi", "_v1_", "fo1_", "fm1", "fm2", "glc_", "glsa_",
+               "eyjrijoi", "hrku-", "api_org_", "ico-", "_mmk", "pscale_", "pmak-", "pnu_", "pul-", "rdme_", "rubygems_", "tk-us-", "sg.", "xkeysib-", "sntry",
+               "sm_", "shippo_", "_prod_", "v1.0-", "dckr_pat_", "age-secret-key-1", "figd_", "dp.", "gl", "oy2", "akcp", "ya29.", "nfp_", "pat", "key-",
+               "ops_", "a3-", ":a", ".", "pplx-", "ezak", "eztk", "sha256~", "live_", "test_", "squ_")
+_CLIS = r"sshpass|redis-cli|mongo(?:sh|dump|restore|import|export)?|sqlcmd|az|plink|pscp|psftp|ldap[a-z]+|openssl|ssh-keygen|mysql[a-z]*|mariadb[a-z\-]*|smbclient|influx|curl|gpg|zip|unzip"
+_CLI_SCREEN = r"(?:^|[^\w\-])(?:" + _CLIS + r")\b[^\n]*?[ \t]-"
 _SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|gh[pousr]_|github_pat_|glpat-|hf_[A-Za-z0-9]{30}|xox[abposre]-|xapp-|AIza"
                r"|hooks\.slack\.com/|eyJ[A-Za-z0-9_\-]{8,}\.eyJ|SG\.[A-Za-z0-9_\-]{16}|(?:AC|SK)[0-9a-f]{32}|npm_[A-Za-z0-9]{36}|pypi-AgE"
                r"|(?:AccountKey|SharedAccessKey)=|[?&]sig=|(?i:aws_secret_access_key|aws_session_token|private_key_id|client-key-data|docker[ \t]+login|authorization:[ \t]*token)"
                r"|(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}|[Bb]earer[ \t]+[A-Za-z0-9\-._~+/]{16}|Authorization:[ \t]*Basic"
-               r"|://[^\s:/@'\"\[\]]*:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)\\?['\"]?[ \t]*[=:][ \t]*\\?['\"]?[^\s'\"]{4}"
+               r"|://[^\s:/@'\"\[\]]*:[^\s/@'\"\[\]]+@|(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)\\?['\"]?(?:[ \t]*:?[ \t]+(?:[Ss]tring|str))?[ \t]*(?:[=:?.+>]{1,4}|,)[ \t]*\\?['\"`]?[^\s'\"]{4}"
                r"|\"auth\\?\"[ \t]*:|_auth[ \t]*=|--[A-Za-z0-9\-]*(?i:passw(?:or)?d|pass|token|secret|key)[ \t]+[^\s\-]"
                r"|(?i:machine)[ \t]+[^\s]+[ \t]+(?i:login|password)[ \t]|(?m:^[ \t]*password[ \t]+[^\s])|\\n[ \t]*password[ \t]"
-               r"|" + _PREFIXES + r"[A-Za-z0-9_\-]*\\+(?:\r?\n|n)"  # a key wrapped by a `\` continuation or a JSON "\n"
-               r"|" + _B64 + "{16}" + _NL + _B64 + "{16}")  # two lines of base64: a PEM body
+               r"|" + _PREFIXES + r"[A-Za-z0-9_\-]*(?:\\+(?:\r?\n|n)|\r?\n)"  # a key wrapped by a `\` continuation, a JSON "\n" or a terminal
+               r"|" + _B64 + "{16}" + _NL + _B64 + "{16}"  # two lines of base64: a PEM body
+               r"|" + _PREFIXED_SCREEN + r"|(?i:token|key|secret|passw(?:or)?d|pwd)>|(?i:passphrase|pass_phrase|private-lines|\"kty|password-stdin|webhook)|" + _CLI_SCREEN)
 
 def _make_screen():
     "`hit(text) -> bool`: False only when no rule below can match `text`; None without google-re2."
     if _re2 is None: return None
-    rx = _re2.compile(_SCREEN_SRC.encode())  # a bytes pattern: the wrapper skips its str-offset bookkeeping
+    try: opts = _re2.Options(); opts.max_mem = 64 << 20  # room for the DFA: at the default 8 MB it gives up on long texts (and logs it)
+    except AttributeError: opts = None
+    rx = _re2.compile(_SCREEN_SRC.encode(), opts) if opts is not None else _re2.compile(_SCREEN_SRC.encode())  # bytes: no str-offset bookkeeping
     try:  # the C-level matcher costs ~2 us a call instead of ~10-20 us through the wrapper's generator
         low, anchor = rx._regexp, _re2._Anchor.UNANCHORED
         low.Match(anchor, b"x", 0, 1)
@@ -230,18 +257,24 @@ def _make_screen():
     return hit
 _SCREEN = _make_screen()  # every secret the rules below find makes this return True
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v1
 _IDCH = frozenset(string.ascii_letters + string.digits + "_-.")
 _NOT_SECRET = frozenset({"true", "false", "null", "nil", "none", "undefined", "required", "optional", "string", "changeme", "change_me",
-                         "changethis", "replace_me", "placeholder", "redacted", "password", "secret", "token", "dummy"})
+                         "changethis", "replace_me", "placeholder", "redacted", "password", "secret", "token", "dummy", "abc123", "mypassword",
+                         "pass", "passwd", "pwd", "pw", "xyz"})
 _TYPES = frozenset({"str", "string", "bytes", "int", "bool", "boolean", "number", "any", "unknown", "object", "text", "char", "varchar"})
-_REF = "$<{%([`*"  # a value starting with one of these is a reference or a placeholder: $X, ${X}, <key>, %s, {{ x }}, (...), ***
+_REF = "$<{%([`*#~/"  # a value starting with one of these is a reference, a placeholder or a path: $X, ${X}, <key>, %s, {{ x }}, (...), ***, #fff, ~/x
 
 def _placeholder(v):
     "Values that stand for a secret without being one: references, `changeme`, `xxxx`, `your-key-here`, `***`."
     lv = v.lower()
+    if _SELF_NAMED.fullmatch(lv): return True  # mynewpassword, whsec_test_secret
     return (not v or v[0] in _REF or v.startswith("[REDACTED") or v.isdigit() or lv in _NOT_SECRET or len(set(lv)) <= 2
-            or lv.startswith(("your", "<", "os.", "env.", "process.env")) or lv.endswith(("_here", "-here", "...", "xxx")))
+            or lv.startswith(("your", "<", "os.", "env.", "process.env", "fake", "dummy", "example_", "example-", "sample_", "sample-", "./", "../"))
+            or lv.endswith(("_here", "-here", "...", "xxx")) or _VERSION.fullmatch(v) is not None)
+_VERSION = re.compile(r"[\d.^~<>=*x|, -]+")  # a version or a range: 1.2.1, ^17.1.0
 
+_SELF_NAMED = re.compile(r"[a-z_\-]*(?:password|passwd|secret)[a-z_\-]*")
 _CODE_CALL = re.compile(r"[A-Za-z_$][\w$.]*(?:\(|\[)")  # get_key(...), os.environ[...], Optional[str]
 _CODE_PATH = re.compile(r"[A-Za-z_$][\w$]*(?:\??\.[A-Za-z_$][\w$]*)+[,;)]*|[A-Za-z_$][\w$]*[,;)]+")  # settings.SECRET_KEY, self.pw, pw,
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -272,10 +305,34 @@ def _random_looking(v):
     "A value with letters and digits, or long and mixed-case: what generated keys look like (words and slugs do not)."
     return (any(c.isdigit() for c in v) and any(c.isalpha() for c in v)) or (len(v) >= 20 and not v.islower() and not v.isupper())
 
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_TOKCH = re.compile(r"[A-Za-z0-9_\-+/=.~:]+")
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+def _wordy(v):
+    "Words and small numbers joined by separators or camel case (`NextToken`, `row-item-42`, `v2_users_list`): a name, not a key."
+    ws = _WORD.findall(v); n = sum(map(len, ws))
+    odd = sum(len(w) for w in ws if not ((w.isdigit() and len(w) <= 4) or (len(w) >= 3 and any(c in "aeiouyAEIOUY" for c in w)
+                                                                          and not _CONSONANTS.search(w))))
+    return n > 0 and odd * 4 <= n and len(_ALNUM_FLIP.findall(v)) <= 2
+_CONSONANTS = re.compile(r"[^aeiouyAEIOUY0-9]{5}")  # five consonants in a row: not a word
+_ALNUM_FLIP = re.compile(r"(?<=[A-Za-z])[0-9]|(?<=[0-9])[A-Za-z]")  # letter-digit changes: a1b2c3 has five, v2_users_list one
+
+def _token_value(v, strong=False):
+    "A generated token: 8+ token characters, letters and digits (or long and mixed case), not words; a UUID only under a strong name."
+    return (len(v) >= 8 and _TOKCH.fullmatch(v) is not None and _random_looking(v) and not _wordy(v) and not ("_" in v and v.islower() and _IDENT.fullmatch(v) and not any(len(_ALNUM_FLIP.findall(p)) > 2 for p in v.split("_")))
+            and (strong or _UUID.fullmatch(v) is None))
+
+def _xml_secret(s, m):
+    "`<apiToken>value</apiToken>`: a generated value, or any literal under a password name."
+    v, n = m.group("v"), m.group("n").lower()
+    return not _placeholder(v) and (_token_value(v, True) or (any(w in n for w in ("pass", "pwd", "secret")) and len(v) >= 6))
+
 def _generated(v):
     "A random-looking value that is not a snake_case identifier (`tokenizer_v2` is code, `a8f3e21c9b7d` is a key)."
     return _random_looking(v) and not (_IDENT.fullmatch(v) and "_" in v)
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v2
 def _provider_kind(tok): return "anthropic_key" if tok.startswith("sk-ant-") else "openrouter_key" if tok.startswith("sk-or-") else "openai_key"
 
 def _docker_auth(s, m):
@@ -288,7 +345,7 @@ def _docker_auth(s, m):
 def _flag_value(s, m):
     "A `--password VALUE` value: not a reference, a placeholder, a metavar (`TOKEN`) or a file path."
     v = m.group("v")
-    return not (_placeholder(v) or (v.isupper() and not any(c.isdigit() for c in v)) or "/" in v or v[0] in "~.")
+    return not (_placeholder(v) or (v.isupper() and not any(c.isdigit() for c in v)) or "/" in v or v[0] in "~." or (v.isalpha() and v.islower()))
 
 def _netrc(s, m):
     "A `password X` line counts only in a .netrc body (a `machine` or `default` entry in the same text)."
@@ -313,31 +370,57 @@ def _pem_body(s, m):
     return not re.search(r"-----BEGIN [A-Z0-9 ]*-----\s*(?:\\n)?$", head)  # a certificate or public key body keeps its BEGIN line
 
 def _aws_secret(s, m): return _random_looking(m.group("v"))
+def _passphrase(s, m): return not _placeholder(m.group("v") or m.group("w"))
 
+# %% ../../nbs/09_ingestion.core.ipynb #red35v3
 _VS = r"[^\s'\"\\]"  # a value character: not a space, a quote or a backslash (a JSON escape ends a value, so JSON stays valid)
 _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(match text) -> kind, lower-case triggers, regex, value group, check(text, match) or None)
     ("private_key", ("private key",), r"-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----(?:[^\"\\]|\\[\s\S])*?(?:-----END[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----|(?=\"|\\?\Z))", None, None),
     ("private_key", ("\n", "\\n"), r"(?:(?<=\\n)|(?<![A-Za-z0-9+/=\\]))(?P<v>(?:" + _B64 + r"{16,76}={0,2}" + _NL + r")+(?:" + _B64 + r"{1,76}={0,2}(?=[\s\"'\\]|$))?)"
      r"(?P<end>-----END[A-Z0-9 ]{0,40} (?:PRIVATE KEY(?: BLOCK)?|CERTIFICATE|PUBLIC KEY)-----)?", None, _pem_body),
     (_provider_kind, ("sk-",), r"(?<![A-Za-z0-9_\-])sk-(?:ant-|or-|proj-|svcacct-|admin-)?[A-Za-z0-9_\-]{20,}", None, None),
-    ("stripe_key", ("_live_", "_test_", "whsec_"), r"(?<![A-Za-z0-9])(?:(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}|whsec_[0-9A-Za-z]{24,})", None, None),
-    ("github_token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), r"(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})", None, None),
-    ("gitlab_token", ("glpat-",), r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_\-]{20,}", None, None),
-    ("huggingface_token", ("hf_",), r"(?<![A-Za-z0-9])hf_[A-Za-z0-9]{30,}", None, None),
-    ("slack_token", ("xox", "xapp-"), r"(?<![A-Za-z0-9])(?:xox[abposre]|xapp)-[A-Za-z0-9\-]{10,}", None, None),
-    ("google_api_key", ("aiza",), r"(?<![A-Za-z0-9])AIza[0-9A-Za-z_\-]{35}", None, None),
-    ("aws_access_key", ("akia", "asia", "abia", "acca"), r"(?<![A-Za-z0-9])(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])", None, None),
-    ("bearer_token", ("bearer",), r"(?<![A-Za-z0-9])[Bb]earer[ \t]+(?P<v>[A-Za-z0-9\-._~+/]{16,}=*)", "v", None),
+    ("stripe_key", ("_live_", "_test_", "whsec_"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:(?:sk|rk)_(?:live|test)_[0-9A-Za-z]{16,}|whsec_[0-9A-Za-z]{24,})", None, None),
+    ("github_token", ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})", None, None),
+    ("gitlab_token", ("glpat-",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))glpat-[A-Za-z0-9_\-]{20,}", None, None),
+    ("huggingface_token", ("hf_",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))hf_[A-Za-z0-9]{30,}", None, None),
+    ("slack_token", ("xox", "xapp-"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:xox[abposre]|xapp)-[A-Za-z0-9\-]{10,}", None, None),
+    ("google_api_key", ("aiza",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))AIza[0-9A-Za-z_\-]{35}", None, None),
+    ("aws_secret_key", ("akia", "asia"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:AKIA|ASIA)[0-9A-Z]{16}\\?['\"]?[ \t]*[,\t;|:][ \t]*\\?['\"]?(?P<v>[A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])", "v",
+     _aws_secret),  # an access key id next to its secret: a console credentials.csv, a table
+    ("secret_assignment", ("token>", "key>", "secret>", "word>", "pwd>"),
+     r"<(?P<n>[\w.\-]*(?i:token|key|secret|passw(?:or)?d|pwd))>[ \t]*(?:\r?\n|\\+n)?[ \t]*(?P<v>[^<\s\\]{4,})[ \t]*(?:\r?\n|\\+n)?[ \t]*</(?P=n)>", "v", _xml_secret),
+    ("telegram_bot_token", (":a",), r"(?<![0-9])[0-9]{5,16}:A[\w\-]{33,35}(?![\w\-])", None, None),
+    ("aws_access_key", ("akia", "asia", "abia", "acca"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?![A-Za-z0-9])", None, None),
+    ("bearer_token", ("bearer",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))[Bb]earer[ \t]+(?P<v>[A-Za-z0-9\-._~+/]{16,}=*)", "v", None),
     ("bearer_token", ("authorization",), r"(?i:authorization)[ \t]*[:=][ \t]*(?:[Tt]oken)[ \t]+(?P<v>[A-Za-z0-9\-._~+/]{8,}=*)", "v", None),
     ("basic_auth", ("basic",), r"Authorization:[ \t]*Basic[ \t]+(?P<v>[A-Za-z0-9+/]{8,}=*)", "v", None),
-    ("url_password", ("://",), r"://[^\s:/@'\"\[\]\\]{0,256}:(?P<v>[^\s/@'\"\[\]\\]{1,256})@", "v", lambda s, m: not _placeholder(m.group("v"))),
+    ("url_password", ("://",), r"://[^\s:/@'\"\[\]\\]{0,256}:(?P<v>[^\s/'\"\[\]\\]{1,256})@(?=[^\s@/'\"\[\]\\]*(?:[/?#\s'\"\\\]]|$))", "v",
+     lambda s, m: not _placeholder(m.group("v"))),  # the password ends at the last @ before the host: it may hold an @
+    ("webhook_url", ("/webhooks/", "webhook"), r"(?:discord(?:app)?\.com/api/webhooks/\d+/(?P<v>[\w\-]{40,})|webhook\.office\.com/webhookb2/[^\s/'\"\\]+/IncomingWebhook/(?P<w>[0-9a-f]{32}))",
+     ("v", "w"), None),
+    ("private_key", ("private-lines",), r"Private-Lines:[ \t]*\d+" + _NL + r"(?P<v>[A-Za-z0-9+/=]+(?:" + _NL + r"[A-Za-z0-9+/=]+)*)", "v", None),  # a PuTTY .ppk body
+    ("private_key", ("kty",), r"\\?\"(?:d|p|q|dp|dq|qi|k)\\?\"[ \t]*:[ \t]*\\?\"(?P<v>[A-Za-z0-9_\-]{16,})\\?\"", "v", None),  # JWK private members
+    ("basic_auth", ("curl",), r"(?<![\w\-])curl\b[^\n|;&]*?[ \t](?:-u|--user)(?:[ \t]+|=)(?P<q>\\?['\"]|)[^\s:'\"\\]+:(?P<v>[^\s'\"\\]+)(?P=q)", "v",
+     lambda s, m: not _placeholder(m.group("v"))),
+    ("cli_password", ("mysql", "mariadb"), r"(?<![\w\-])(?:mysql[a-z]*|mariadb[a-z\-]*)\b[^\n|;&]*?[ \t]-p(?P<q>\\?['\"]|)(?P<v>[^\s'\"\\\-][^\s'\"\\]*)(?P=q)", "v",
+     lambda s, m: not _placeholder(m.group("v"))),  # mysql -p<password>, no space
+    ("cli_password", ("sshpass", "redis-cli", "mongo", "sqlcmd", "az ", "plink", "pscp", "psftp", "ldap", "openssl", "ssh-keygen", "smbclient", "influx", "zip", "gpg"),
+     r"(?<![\w\-])(?:sshpass\b[^\n|;&]*?[ \t]-p[ \t]*|redis-cli\b[^\n|;&]*?[ \t](?:-a|--pass)[ \t]+|mongo(?:sh|dump|restore|import|export)?\b[^\n|;&]*?[ \t](?:-p|--password)[ \t]+"
+     r"|sqlcmd\b[^\n|;&]*?[ \t]-P[ \t]+|az[ \t]+login\b[^\n|;&]*?[ \t](?:-p|--password)[ \t]+|(?:plink|pscp|psftp)\b[^\n|;&]*?[ \t]-pw[ \t]+"
+     r"|ldap[a-z]+\b[^\n|;&]*?[ \t]-w[ \t]+|openssl\b[^\n|;&]*?[ \t]-pass(?:in|out)[ \t]+pass:|ssh-keygen\b[^\n|;&]*?[ \t]-[NP][ \t]+"
+     r"|smbclient\b[^\n|;&]*?[ \t]-U[ \t]+[^\s%]+%|influx\b[^\n|;&]*?[ \t]-password[ \t]+|(?:zip|unzip)\b[^\n|;&]*?[ \t]-P[ \t]+|gpg\b[^\n|;&]*?[ \t]--passphrase[ \t]+)"
+     r"(?P<q>\\?['\"])?(?P<v>(?(q)[^'\"\\\r\n]{1,200}|[^\s'\"\\;|&]+))(?(q)(?P=q))", "v", lambda s, m: not _placeholder(m.group("v"))),
+    ("cli_password", ("password-stdin",), r"(?:echo|printf)[ \t]+(?:-[a-zA-Z]+[ \t]+)*(?:\\?['\"]%s\\?['\"][ \t]+)?(?P<q>\\?['\"]|)(?P<v>[^\s'\"\\|]+)(?P=q)[ \t]*\|[^\n]*?--password-stdin",
+     "v", lambda s, m: not _placeholder(m.group("v"))),  # a secret piped into a login
+    ("secret_assignment", ("passphrase", "pass_phrase"), r"(?i:pass[_\-]?phrase)\\?['\"]?[ \t]*[=:][ \t]*(?:(?P<q>\\?['\"])(?P<v>[^'\"\\\r\n]{4,200})(?P=q)"
+     r"|(?P<w>[^\s'\"\\#$<{][^'\"\\\r\n#]{3,200}?)[ \t]*(?=\r?\n|\\n|$))", ("v", "w"), _passphrase),  # a passphrase may hold spaces
     ("jwt", ("eyj",), r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", None, None),
     ("slack_webhook", ("hooks.slack.com/",), r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<v>[A-Za-z0-9_\-]+/[A-Za-z0-9_/\-]{8,})", "v", None),
     ("sendgrid_key", ("sg.",), r"(?<![A-Za-z0-9_\-])SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}", None, None),
-    ("twilio_key", ("ac", "sk"), r"(?<![A-Za-z0-9])(?:AC|SK)[0-9a-f]{32}(?![A-Za-z0-9])", None, None),
-    ("npm_token", ("npm_",), r"(?<![A-Za-z0-9])npm_[A-Za-z0-9]{36,}", None, None),
-    ("npm_token", ("_auth",), r"(?<![A-Za-z0-9])_(?:authToken|auth|password)[ \t]*=[ \t]*(?P<q>\\?['\"]|)(?P<v>" + _VS + r"{4,})(?P=q)", "v", lambda s, m: not _placeholder(m.group("v"))),
-    ("pypi_token", ("pypi-age",), r"(?<![A-Za-z0-9])pypi-AgE[A-Za-z0-9_\-]{50,}", None, None),
+    ("twilio_key", ("ac", "sk"), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))(?:AC|SK)[0-9a-f]{32}(?![A-Za-z0-9])", None, None),
+    ("npm_token", ("npm_",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))npm_[A-Za-z0-9]{36,}", None, None),
+    ("npm_token", ("_auth",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))_(?:authToken|auth|password)[ \t]*=[ \t]*(?P<q>\\?['\"]|)(?P<v>" + _VS + r"{4,})(?P=q)", "v", lambda s, m: not _placeholder(m.group("v"))),
+    ("pypi_token", ("pypi-age",), r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9]))pypi-AgE[A-Za-z0-9_\-]{50,}", None, None),
     ("azure_key", ("accountkey=", "sharedaccesskey="), r"(?:AccountKey|SharedAccessKey)=(?P<v>[A-Za-z0-9+/]{20,}={0,2})", "v", None),
     ("azure_key", ("sig=",), r"[?&]sig=(?P<v>[A-Za-z0-9%+/=]{16,})", "v", None),
     ("aws_secret_key", ("aws_secret_access_key", "aws_session_token"),
@@ -348,6 +431,7 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
      r"\\?\"(?P<f>auth|identitytoken|registrytoken)\\?\"[ \t]*:[ \t]*\\?\"(?P<v>[A-Za-z0-9+/=_\-.]{8,})\\?\"", "v", _docker_auth),
     ("docker_password", ("docker",), r"docker[ \t]+login\b[^\n;|&]*?[ \t](?:-p|--password)(?:[ \t]+|=)(?P<q>\\?['\"]|)(?P<v>[^\s'\"\\\-]" + _VS + r"*)(?P=q)", "v",
      lambda s, m: not _placeholder(m.group("v"))),
+    ("api_token", _PREFIXED_T, r"(?:(?<=\\[nrt])|(?<![A-Za-z0-9_\-.]))(?:" + _PREFIXED + r")(?![A-Za-z0-9])", None, None),
     ("secret_flag", ("--",), r"(?<![\w\-])--(?:[A-Za-z0-9]+-)*(?i:password|passwd|pass|token|secret|api-key|apikey|access-key|secret-key|auth-token)[ \t]+(?P<q>\\?['\"]|)"
      r"(?P<v>[^\s'\"\\\-]" + _VS + r"*)(?P=q)", "v", _flag_value),
     ("netrc_password", ("machine", "default"), r"(?:(?<=\\n)|(?<![\w\-]))(?:machine[ \t]+\S+|default)[ \t]+login[ \t]+\S+[ \t]+password[ \t]+(?P<v>" + _VS + r"+)", "v", lambda s, m: not _placeholder(m.group("v"))),
@@ -355,8 +439,12 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
     ("connection_password", ("password=", "pwd=", "password =", "pwd ="), r"(?i:(?:^|(?<=[;\"']))[ \t]*(?:password|pwd)[ \t]*=[ \t]*)(?P<v>[^;\"'\r\n\\ \t][^;\"'\r\n\\]{0,127}?)[ \t]*(?=;|[\"'\r\n\\]|$)",
      "v", _ado_password),
 ]]
+
+# %% ../../nbs/09_ingestion.core.ipynb #red35v4
 _ASSIGN_T = ("key", "token", "secret", "pass", "pwd")
-_ASSIGN_SRC = r"(?P<q0>\\?['\"]?)(?P<sp>[ \t]*)(?P<op>[=:])(?P<sp2>[ \t]*)(?P<q>\\?['\"]|)(?P<v>" + _VS + r"{4,})(?P=q)"
+_VU = r"[^\s'\"\\,;(){}\[\]<>`]"  # an unquoted value character: not a separator of code either
+_ASSIGN_SRC = (r"(?P<q0>\\?['\"]?)(?P<ty>[ \t]*:?[ \t]+(?:[Ss]tring|str))?(?P<sp>[ \t]*)(?P<op>:{1,3}=|[?.+]=|=>|=(?![=>~])|:(?![:=])|,)(?P<sp2>[ \t]*)"
+               r"(?P<q>\\?['\"`])?(?P<v>(?(q)" + _VS + r"{4,}|" + _VU + r"{4,}))(?(q)(?P=q))")
 _ASSIGN = re.compile(r"(?i:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)
 _ASSIGN_LOW = re.compile(r"(?:key|token|secret|passw(?:or)?d|pwd|pass(?:phrase)?)" + _ASSIGN_SRC)  # on text.lower() when it keeps offsets
 _STEM_OK = ("api", "auth", "access", "secret", "private", "client", "bot", "refresh", "session", "master", "app", "identity", "registry")
@@ -364,34 +452,50 @@ _STEM_OK = ("api", "auth", "access", "secret", "private", "client", "bot", "refr
 _KEY_STRONG = _STEM_OK + ("encryption", "signing", "license", "account", "service", "subscription", "write", "deploy", "admin")
 
 def _assign_is_secret(s, m):
-    "Whether an `_ASSIGN` match in `s` assigns a secret (rules in the table above)."
+    "Whether an `_ASSIGN` match in `s` assigns a secret: any literal under a password or secret name, a generated value under a key or token name."
     a = i = m.start()
     while i > 0 and s[i - 1] in _IDCH: i -= 1
     if i > 0 and s[i - 1] == "\\" and s[i] in "ntr": i += 1  # a JSON-escaped line break before the name
+    if s[max(0, i - 2):i] == "::": return False  # AWS::ApiGateway::ApiKey: a type name
     stem, suf = s[i:a], s[a:m.start("q0")]
-    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK)): return False
-    a2, b2 = m.span("v"); v, q, op = s[a2:b2], m.group("q"), m.group("op")
-    name = stem + suf
-    if _placeholder(v) or v.lower() in (name.lower(), suf.lower()): return False
-    if suf[-3:].lower() == "key" and not stem.lower().rstrip("_-.").endswith(_KEY_STRONG) and not _random_looking(v): return False
+    name, lsuf = stem + suf, suf.lower()
+    if stem and not (stem[-1] in "_-." or (stem[-1].islower() and suf[0].isupper()) or stem.lower().endswith(_STEM_OK) or (stem.isupper() and suf.istitle())
+                     or (name.isupper() and lsuf in ("password", "passwd", "token", "secret", "pass"))): return False  # PGPASSWORD, SSHPASS
+    v, q, op = m.group("v"), m.group("q"), m.group("op")
+    if op == ",": return bool(m.group("q0") and q) and name.isupper() and _token_value(v, True)  # setProperty("X_TOKEN", "...")
+    if not q and (_code_value(v, name) or s[m.end("v"):m.end("v") + 1] in ("(", "[")): return False  # code: a call, a path, a type
+    op = "=" if op.endswith("=") or op == "=>" else op
+    if _placeholder(v) or v.lower() in (name.lower(), lsuf): return False
+    lname = name.lower()
+    if stem.startswith("--"): return op == "="  # --token=..., --api-key=...
+    if not any(w in lname for w in ("pass", "pwd", "secret")):  # a key or a token: only a generated value
+        return _token_value(v, lname.rstrip("_-.").endswith(_KEY_STRONG) or lname.startswith("--") or not name[0].isupper() or name.isupper())
+    if lsuf.startswith("pass") and not lsuf.startswith(("passw", "passphrase")) and not name.isupper() and not stem: return False  # pass = ...
     upper = name.upper() == name
     if q: return upper or len(v) >= 8 or not v.isalpha()  # a quoted literal
-    if _code_value(v, name): return False
+    if op == ":" and not m.group("sp2") and not _token_value(v): return False  # `passwd:gecos`: YAML needs a space after the colon
+    if _code_value(v, name) or (v[0].islower() and _CAMEL.fullmatch(v)): return False
     if stem.startswith("--"): return op == "="
-    if _generated(v) and len(v) >= 12: return True  # a generated value: `X-Api-Key: 9f8e...`, `token = a8f3e2...`
-    if not (_line_start(s, i) and _line_end(s, b2)): return upper and op == "=" and not (m.group("sp") or m.group("sp2"))
-    if op == "=" and (m.group("sp") or m.group("sp2")) and _IDENT.fullmatch(v) and not any(c.isdigit() for c in v): return False  # `API_KEY = api_key` is code
+    if _generated(v) and len(v) >= 12: return True  # a generated value
+    if not (_line_start(s, i) and _line_end(s, m.end("v"))): return upper and op == "=" and not (m.group("sp") or m.group("sp2"))
+    if op == "=" and (m.group("sp") or m.group("sp2")) and _IDENT.fullmatch(v) and not any(c.isdigit() for c in v): return False  # `X = x` is code
     return True  # a whole line `NAME=value`, `password: hunter2`, `POSTGRES_PASSWORD: example` (.env, YAML, compose, ini)
+_CAMEL = re.compile(r"[a-z]+(?:[A-Z][a-z0-9]*)+")
 
-_WRAP = re.compile(_PREFIXES + r"[A-Za-z0-9_\-]*(?:\\+(?:\r?\n|n)[ \t]*[A-Za-z0-9_\-]+)+")
-_WRAP_SEP = re.compile(r"\\+(?:\r?\n|n)[ \t]*")
+# %% ../../nbs/09_ingestion.core.ipynb #red35v5
+_WRAP = re.compile(_PREFIXES + r"[A-Za-z0-9_\-]*(?:(?:\\+(?:\r?\n|n)|\r?\n)[ \t]*[A-Za-z0-9_\-]+(?=[\s'\"\\]|$))+")
+_WRAP_SEP = re.compile(r"(?:\\+(?:\r?\n|n)|\r?\n)[ \t]*")
+
+def _wrapped_tail(t):
+    "The second line of a key cut by a terminal or an editor: random-looking, not a word (`Kc5J-AA`, `pT6yHd5Fs1Jg0AuE2i`)."
+    return len(t) >= 4 and (any(c.isdigit() for c in t) or (not t.islower() and not t.isupper() and len(t) >= 12)) and not _wordy(t)
 
 def _unwrap(text, counts):
     "Keys cut across lines by a `\\` continuation or a JSON-escaped newline: redact the joined key, over the whole wrapped span."
     out, pos = [], 0
     for m in _WRAP.finditer(text):
         seg = m.group(0); first = _WRAP_SEP.split(seg, 1)[0]
-        if _redact(first, None) != first: continue  # the first line is a whole key: the ordinary rules take it
+        if _redact(first, None) != first and not _wrapped_tail(_WRAP_SEP.split(seg)[1]): continue  # a whole key, and ordinary text after it
         joined = _WRAP_SEP.sub("", seg)
         c = {}; red = _redact(joined, c)
         if red == joined: continue
@@ -408,7 +512,8 @@ def _redact(text, counts):
             k = kind(m.group(0)) if callable(kind) else kind
             if counts is not None: counts[k] = counts.get(k, 0) + 1
             if group is None: return f"[REDACTED:{k}]"
-            a, b = m.span(group); s0 = m.start(); g = m.group(0)
+            gr = group if isinstance(group, str) else next(x for x in group if m.group(x) is not None)
+            a, b = m.span(gr); s0 = m.start(); g = m.group(0)
             return g[:a - s0] + f"[REDACTED:{k}]" + g[b - s0:]
         return rep
     for kind, trig, rx, group, check in _RULES:
@@ -434,7 +539,7 @@ def redact_secrets(text:str, # any string from a trace (plain text, or JSON text
     if not isinstance(text, str): raise TypeError(f"text must be a str, got {type(text).__name__}")
     if len(text) < 8 or (_SCREEN is not None and not _SCREEN(text)): return text
     c = {} if counts is None else counts
-    if "\\" in text: text = _unwrap(text, c)
+    if "\\" in text or "\n" in text: text = _unwrap(text, c)
     return _redact(text, c)
 
 def redact_json(value, # a JSON-like value: str, dict, list, or a scalar (returned as is)

@@ -76,7 +76,7 @@ def _cmd_info(args) -> int:
     return 0
 
 def _cmd_ingest(args) -> int:
-    from composer_replication.ingestion.core import ingest_command
+    from composer_replication.ingestion.sources import ingest_command
     if not args.src.strip(): return _fail("SRC must be a session .jsonl file or a folder, got an empty path")
     if not args.out.strip(): return _fail("--out must be a file path, got an empty one")
     _stage("ingesting the sessions")
@@ -129,7 +129,7 @@ def _cmd_eval(args) -> int:
 
 def _sources() -> list[str]:
     "The trace sources `--source` takes by name: auto, the registered ones, and those installed packages declare as entry points."
-    from composer_replication.ingestion.core import TRACE_SOURCES
+    from composer_replication.ingestion.sources import TRACE_SOURCES
     from composer_replication.plugins import plugin_names
     return ["auto", *plugin_names("trace_sources", TRACE_SOURCES)]
 

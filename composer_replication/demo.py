@@ -125,7 +125,7 @@ class DemoConfig:
         if not isinstance(src, tuple) or set(src) - set(SOLUTION_SOURCES):
             raise _bad("solution_sources", f"must be a subset of {', '.join(SOLUTION_SOURCES)}, got {self.solution_sources!r}")
         self.solution_sources = src
-        from composer_replication.ingestion.core import TRACE_SOURCES
+        from composer_replication.ingestion.sources import TRACE_SOURCES
         from composer_replication.plugins import is_reference, plugin_names
         if not isinstance(self.source, str) or not (self.source == "auto" or is_reference(self.source)
                                                     or self.source in plugin_names("trace_sources", TRACE_SOURCES)):
@@ -323,7 +323,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
              *, progress:bool=True, # progress bars and the printed summary
             ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
     "Ingest, replay, mine pairs, collate and train; write everything under `cfg.out/cfg.name`."
-    from composer_replication.ingestion.core import make_ingester
+    from composer_replication.ingestion.sources import make_ingester
     from composer_replication.jsonl import write_jsonl
     cfg = DemoConfig() if cfg is None else cfg
     if not isinstance(cfg, DemoConfig): raise TypeError(f"cfg must be a DemoConfig, got {type(cfg).__name__}")

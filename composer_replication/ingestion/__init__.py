@@ -11,10 +11,8 @@ __all__ = ['NO_RESULT', 'SYSTEM_PROMPT', 'TRACE_SOURCES', 'Conversation', 'Inges
            'parse_tool_output']
 
 # %% ../../nbs/12_ingestion.ipynb #ef99f548
-from .core import (
-    NO_RESULT, SYSTEM_PROMPT, TRACE_SOURCES, Conversation, IngestionStats, TraceSource, TraceSourceBase, TraceSourceEntry, TraceState, action_to_message, as_blocks,
-    canonical_arguments, check_tools, detect_trace_format, estimate_tokens, is_tool_name, make_ingester, normalize_blocks, parse_student_action, record_format,
-    ingest_command, redact_json, redact_secrets, render_action, token_counter, tool_schemas_from_names)
+from .core import TraceState, action_to_message, as_blocks, canonical_arguments, check_tools, is_tool_name, normalize_blocks, parse_student_action, redact_json, redact_secrets, render_action, tool_schemas_from_names
+from .sources import NO_RESULT, SYSTEM_PROMPT, TRACE_SOURCES, Conversation, IngestionStats, TraceSource, TraceSourceBase, TraceSourceEntry, detect_trace_format, estimate_tokens, make_ingester, record_format, ingest_command, token_counter
 from .claude_code import ClaudeCodeIngester
 from .codex import CodexIngester, is_injected_context, parse_tool_output
 _all_ = ["NO_RESULT", "SYSTEM_PROMPT", "TRACE_SOURCES", "Conversation", "IngestionStats", "TraceSource", "TraceSourceBase", "TraceSourceEntry", "TraceState", "action_to_message",

@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Iterator
 import orjson
 from ..jsonl import loads_line
-from .core import (
-    NO_RESULT, Conversation, canonical_arguments, SYSTEM_PROMPT, IngestionStats, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action,
-    tool_schemas_from_names, TraceSourceBase)
+from .core import canonical_arguments, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action, tool_schemas_from_names
+from .sources import NO_RESULT, Conversation, SYSTEM_PROMPT, IngestionStats, TraceSourceBase
 
 # %% auto #0
 __all__ = ['parse_tool_output', 'is_injected_context', 'CodexIngester']

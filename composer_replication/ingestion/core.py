@@ -550,14 +550,3 @@ def redact_json(value, # a JSON-like value: str, dict, list, or a scalar (return
     if isinstance(value, dict): return {(redact_secrets(k, counts) if isinstance(k, str) else k): redact_json(v, counts) for k, v in value.items()}
     if isinstance(value, (list, tuple)): return [redact_json(v, counts) for v in value]
     return value
-
-# %% ../../nbs/09_ingestion.core.ipynb #s7c145888018
-_SOURCE_NAMES = ("SYSTEM_PROMPT", "IngestionStats", "estimate_tokens", "token_counter", "TraceSource", "TraceSourceBase", "NO_RESULT",
-                 "Conversation", "TraceSourceEntry", "TRACE_SOURCES", "record_format", "detect_trace_format", "make_ingester", "ingest_command")
-
-def __getattr__(name):
-    "The trace-source seam moved to `ingestion.sources` (it imports this module): its names still import from here."
-    if name in _SOURCE_NAMES:
-        from composer_replication.ingestion import sources
-        return getattr(sources, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

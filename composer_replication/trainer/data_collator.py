@@ -424,7 +424,7 @@ def trace_examples_from_session(path:str|Path, # a session file or a folder of t
                                 source:str="auto", # "auto" (detected from the file), "claude-code" or "codex"; ignored with `ingester`
                                ) -> list[TraceExample]:
     "Ingest an agent session and return its TraceExamples with their tool errors and DPO pairs."
-    from composer_replication.ingestion.core import make_ingester
+    from composer_replication.ingestion.sources import make_ingester
     if not isinstance(path, (str, Path)): raise TypeError(f"path must be a str or Path, got {type(path).__name__}")
     ingester = ingester or make_ingester(source, path=path)
     if not callable(getattr(ingester, "ingest", None)): raise TypeError(f"ingester must have an ingest(path) method, got {type(ingester).__name__}")

@@ -189,7 +189,7 @@ def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_
 def _replica_examples(s:dict, recipe, rank:int, world_size:int) -> list:
     "The TraceExamples replica `rank` trains on: the spec's session or states (else the recipe's data, else the sample session), sharded."
     from composer_replication.jsonl import read_jsonl
-    from composer_replication.ingestion.core import make_ingester
+    from composer_replication.ingestion.sources import make_ingester
     from composer_replication.teacher_replay.pairs import load_pairs
     from composer_replication.trainer.data_collator import trace_examples_from_states
     states_path = s["states"] if s["states"] is not None or s["session"] is not None else recipe.data.states

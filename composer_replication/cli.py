@@ -13,6 +13,9 @@ import platform
 import sys
 from pathlib import Path
 
+from .cli_common import STAGE, fail, one_line, rank, refuse_overwrite, same_path, stage
+
+
 # %% auto #0
 __all__ = ['info', 'check_device', 'build_parser', 'main']
 
@@ -31,43 +34,6 @@ def info() -> dict:
             "extras": {k: all(importlib.util.find_spec(m) is not None for m in mods) for k, mods in _STACKS.items()}}
 
 # %% ../nbs/41_cli.ipynb #3779f8ea
-def _rank() -> int:
-    "This process's rank under torchrun / accelerate launch (their RANK), 0 alone."
-    try: return int(os.environ.get("RANK", "0") or 0)
-    except ValueError: return 0
-
-def _fail(e:BaseException|str) -> int:
-    "Report bad input as one line on stderr (rank 0 only: every process of a launch sees the same input); the exit status for it (2)."
-    msg = " ".join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
-    if _rank() == 0: print(f"error: {msg}", file=sys.stderr)
-    return 2
-
-_STAGE = {"now": "starting"}   # what the running command is doing: the stage an unexpected error is reported in
-
-def _stage(what:str) -> None:
-    "Name the stage the running command has reached."
-    _STAGE["now"] = what
-
-def _one_line(e:BaseException, n:int=300) -> str:
-    "`ExcType: message` on one line, the message cut to `n` characters."
-    msg = " ".join(str(e).split())
-    return f"{type(e).__name__}: {msg[:n]}{'…' if len(msg) > n else ''}" if msg else type(e).__name__
-
-def _same_path(a:str|os.PathLike, b:str|os.PathLike) -> bool:
-    "Are `a` and `b` one file (the same inode when both exist, else the same resolved path)?"
-    a, b = Path(a), Path(b)
-    try:
-        if a.exists() and b.exists(): return os.path.samefile(a, b)
-    except OSError: pass
-    return a.resolve() == b.resolve()
-
-def _refuse_overwrite(target:Path, flag:str, inputs:dict[str, Path]) -> None:
-    "ValueError when writing `target` (the file `flag` names) would overwrite one of the command's inputs or a replay journal."
-    from composer_replication.teacher_replay.journal import is_journal
-    for what, p in inputs.items():
-        if _same_path(target, p): raise ValueError(f"{flag} {target} is {what}, an input of this command: it would be overwritten; write elsewhere")
-    if is_journal(target): raise ValueError(f"{flag} {target} is a replay journal (paid teacher calls): it would be overwritten; write elsewhere")
-
 def _cmd_info(args) -> int:
     d = info()
     print(f"composer_replication {d['composer_replication']} (python {d['python']}, torch {d['torch']}, transformers {d['transformers']})")
@@ -77,9 +43,9 @@ def _cmd_info(args) -> int:
 
 def _cmd_ingest(args) -> int:
     from composer_replication.ingestion.sources import ingest_command
-    if not args.src.strip(): return _fail("SRC must be a session .jsonl file or a folder, got an empty path")
-    if not args.out.strip(): return _fail("--out must be a file path, got an empty one")
-    _stage("ingesting the sessions")
+    if not args.src.strip(): return fail("SRC must be a session .jsonl file or a folder, got an empty path")
+    if not args.out.strip(): return fail("--out must be a file path, got an empty one")
+    stage("ingesting the sessions")
     return ingest_command(args.src, args.out, skip_sidechain=not args.subagents, redact=not args.no_redact,
                           progress=not args.quiet, source=args.source)
 
@@ -87,10 +53,10 @@ def _cmd_demo(args) -> int:
     from composer_replication.demo import FLAGS, DemoConfig, DemoInputError, run_demo
     given = {k: getattr(args, k) for k in FLAGS if hasattr(args, k)}   # flags not given: DemoConfig's defaults
     try: cfg = DemoConfig(**given)
-    except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)   # the config's checks: bad flags
-    _stage("running the demo")
+    except (ValueError, TypeError, FileNotFoundError) as e: return fail(e)   # the config's checks: bad flags
+    stage("running the demo")
     try: run_demo(cfg, progress=not args.quiet)
-    except DemoInputError as e: return _fail(e)   # bad input found by the run's preflight; anything else: `main` reports it
+    except DemoInputError as e: return fail(e)   # bad input found by the run's preflight; anything else: `main` reports it
     return 0
 
 class _Parser(argparse.ArgumentParser):
@@ -103,7 +69,7 @@ def check_device(device:str|None, # a torch device string ("cpu", "cuda", "cuda:
     if device is None: return
     import torch
     try: d = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e: raise ValueError(f"--device {device!r} is not a torch device ({_one_line(e, 120)})") from None
+    except (RuntimeError, TypeError, ValueError) as e: raise ValueError(f"--device {device!r} is not a torch device ({one_line(e, 120)})") from None
     if d.type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: this torch build has no usable CUDA (torch {torch.__version__}, "
@@ -115,14 +81,14 @@ def check_device(device:str|None, # a torch device string ("cpu", "cuda", "cuda:
 
 def _cmd_eval(args) -> int:
     from composer_replication.evaluation import eval_command
-    _stage("checking the arguments")
+    stage("checking the arguments")
     try:
         check_device(args.device)
         out = Path(args.out)
         for name in ("records.jsonl", "summary.json"):
-            _refuse_overwrite(out/name, "--out", {"the expected-actions file (EXPECTED)": Path(args.expected)})
-    except ValueError as e: return _fail(e)
-    _stage("evaluating")
+            refuse_overwrite(out/name, "--out", {"the expected-actions file (EXPECTED)": Path(args.expected)})
+    except ValueError as e: return fail(e)
+    stage("evaluating")
     return eval_command(args.sessions, args.expected, args.model, args.out, max_new_tokens=args.max_new_tokens,
                         max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet,
                         windows=args.windows, greedy=args.greedy, stop_at_first_call=args.first_call)
@@ -152,8 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_ingest)
-    from composer_replication.cli_stages import _add_stage_parsers   # (it imports this module)
-    _add_stage_parsers(sub)   # replay, pairs, train: the staged workflow (cli_stages)
+    from composer_replication.cli_stages import add_stage_parsers   # (it imports this module)
+    add_stage_parsers(sub)   # replay, pairs, train: the staged workflow (cli_stages)
     # demo: dest = the DemoConfig field; a flag not given is absent, so DemoConfig's default applies (one source of defaults)
     s = sub.add_parser("demo", help="the main job: session -> teacher replay -> DPO pairs -> three-channel training",
                        argument_default=argparse.SUPPRESS,
@@ -226,28 +192,18 @@ def main(argv:list[str]|None=None, # the arguments (default: sys.argv[1:])
         p.print_help()
         return 0
     prog, main_thread = f"composer-replication {args.command}", threading.current_thread() is threading.main_thread()
-    _stage("starting")
+    stage("starting")
     old = signal.signal(signal.SIGTERM, _raise_terminated) if main_thread else None
     try: return args.func(args)
     except (KeyboardInterrupt, _Terminated) as e:
         name, code = ("SIGTERM", 143) if isinstance(e, _Terminated) else ("SIGINT", 130)
-        print(f"{prog}: interrupted ({name}) while {_STAGE['now']}", file=sys.stderr)
+        print(f"{prog}: interrupted ({name}) while {STAGE['now']}", file=sys.stderr)
         return code
     except Exception as e:     # a bug, or a failure no check foresaw: one line (the traceback with --debug)
         if getattr(args, "debug", False): raise
-        who = f" [rank {_rank()}]" if _rank() else ""   # a launch's other processes say which they are
-        print(f"{prog}{who}: failed while {_STAGE['now']}: {_one_line(e)} (--debug shows the traceback)", file=sys.stderr)
+        who = f" [rank {rank()}]" if rank() else ""   # a launch's other processes say which they are
+        print(f"{prog}{who}: failed while {STAGE['now']}: {one_line(e)} (--debug shows the traceback)", file=sys.stderr)
         return 1
     finally:
         if main_thread: signal.signal(signal.SIGTERM, old)
 
-
-# %% ../nbs/41_cli.ipynb #sa7da991ecb1
-_STAGE_NAMES = ("PLAN_KEY", "replay_plan", "format_plan", "TRL_COLUMNS", "trl_preference_rows", "write_trl_dataset")
-
-def __getattr__(name):
-    "The staged workflow's commands moved to `cli_stages` (it imports this module): their names still import from here."
-    if name in _STAGE_NAMES:
-        from composer_replication import cli_stages
-        return getattr(cli_stages, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

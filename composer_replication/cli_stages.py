@@ -13,10 +13,11 @@ from pathlib import Path
 
 import orjson
 
-from .cli import _fail, _refuse_overwrite, _same_path, _stage
+from .cli_common import fail, refuse_overwrite, same_path, stage
 
 # %% auto #0
-__all__ = ['PLAN_KEY', 'TRL_COLUMNS', 'replay_plan', 'format_plan', 'trl_preference_rows', 'write_trl_dataset']
+__all__ = ['PLAN_KEY', 'TRL_COLUMNS', 'replay_plan', 'format_plan', 'trl_preference_rows', 'write_trl_dataset',
+           'add_stage_parsers']
 
 # %% ../nbs/41b_cli_stages.ipynb #0daae62f
 _CHARS_PER_TOKEN = 4   # the expected-cost estimate: about 4 bytes of English or code per token of a BPE tokenizer
@@ -214,12 +215,12 @@ def _cmd_replay(args) -> int:
     from composer_replication.jsonl import read_jsonl, write_jsonl
     from composer_replication.teacher_replay import redact_state
     from composer_replication.teacher_replay.journal import JournalBusy, check_journal, journal_lock
-    _stage("checking the arguments")
+    stage("checking the arguments")
     try:
         out = Path(args.out)
         journal, prev, summary_path = out/"teacher_calls.jsonl", out/"states.jsonl", out/"replay_summary.json"
         for what, p in (("the journal", journal), ("the summary", summary_path), ("the lock", Path(f"{journal}.lock"))):
-            if _same_path(args.states, p): raise ValueError(f"STATES {args.states} is {what} replay writes in --out: pass the states file")
+            if same_path(args.states, p): raise ValueError(f"STATES {args.states} is {what} replay writes in --out: pass the states file")
         spec = _replay_spec(args)
         states = _read_states(args.states)
         base, teachers = parse_teachers(spec.teachers)
@@ -231,17 +232,17 @@ def _cmd_replay(args) -> int:
         check_journal(journal, states, teachers)       # another run's journal: refused before anything is written
         plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal,
                            endpoint=_endpoint(spec, base, PLAN_KEY))          # the bodies this provider sends, priced; no key read
-    except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
+    except (ValueError, TypeError, FileNotFoundError) as e: return fail(e)
     if args.dry_run or not args.quiet: print(format_plan(plan, max_usd))
     if args.dry_run: print("dry run: nothing was sent"); return 0
     if spec.api_key_env is None and spec.provider is None and base is None and not os.environ.get("OPENROUTER_BASE_URL") \
             and not os.environ.get("OPENROUTER_API_KEY", "").strip():
-        return _fail("--teachers: OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)")
+        return fail("--teachers: OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)")
     from composer_replication.teacher_replay import api_key_from_env
     try:                                                # the key, read now that the requests are about to be sent
         key = api_key_from_env(spec.api_key_env, "--api-key-env") if spec.api_key_env is not None else None
         endpoint = _endpoint(spec, base, key)
-    except (ValueError, TypeError, RuntimeError) as e: return _fail(e)
+    except (ValueError, TypeError, RuntimeError) as e: return fail(e)
     scrub = _env_scrubber(endpoint.api_key)
     trace = [scrub(redact_state(s)) for s in states]           # what `pairs` reads: redacted again, the key scrubbed
 
@@ -252,31 +253,31 @@ def _cmd_replay(args) -> int:
         try: old = [scrub(redact_state(s)) for s in old]
         except (KeyError, TypeError, AttributeError): return f"--out {args.out} holds a {prev.name} that is no trace: choose another --out"
         return None if old == trace else f"--out {args.out} holds the replay of other states ({prev}): choose another --out"
-    if (why := same_trace()) is not None: return _fail(why)
+    if (why := same_trace()) is not None: return fail(why)
     rewrite = not (prev.exists() and read_jsonl(prev)[0] == trace)
-    if rewrite and _same_path(args.states, prev):
-        return _fail(f"STATES {args.states} is the trace replay keeps in --out, and it would be rewritten (redacted): "
+    if rewrite and same_path(args.states, prev):
+        return fail(f"STATES {args.states} is the trace replay keeps in --out, and it would be rewritten (redacted): "
                      "pass a copy of it, or the states file you ingested")
-    _stage("locking the replay folder")
+    stage("locking the replay folder")
     try: lock = journal_lock(journal); lock.__enter__()
-    except JournalBusy as e: return _fail(f"--out {args.out}: {e}")
-    except OSError as e: return _fail(f"--out: cannot write in {out}: {e.strerror or e}")
+    except JournalBusy as e: return fail(f"--out {args.out}: {e}")
+    except OSError as e: return fail(f"--out: cannot write in {out}: {e.strerror or e}")
     try:
         try:                                        # again, now that no one else can write there
             check_journal(journal, states, teachers)
-            if (why := same_trace()) is not None: return _fail(why)
-        except ValueError as e: return _fail(e)
-        _stage("writing the trace")
+            if (why := same_trace()) is not None: return fail(why)
+        except ValueError as e: return fail(e)
+        stage("writing the trace")
         try:
             if rewrite: write_jsonl(prev, trace)    # first: `pairs DIR` reads the trace beside its journal
-        except OSError as e: return _fail(f"--out: cannot write {prev}: {e.strerror or e}")
+        except OSError as e: return fail(f"--out: cannot write {prev}: {e.strerror or e}")
         return _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal, prev, summary_path)
     finally: lock.__exit__(None, None, None)
 
 def _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal, prev, summary_path) -> int:
     import asyncio, signal
     from composer_replication.teacher_replay import JournalWriteError, TeacherReplayError, replay_trace
-    _stage("replaying")
+    stage("replaying")
     got, prog = [], "composer-replication replay"
     def replay(stop):
         return replay_trace(states, teachers, max_usd, endpoint=endpoint, journal=journal, max_tokens=args.max_tokens,
@@ -291,14 +292,14 @@ def _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal
     try:
         with _JournalProgress(journal, sum(p["calls"] for p in plan), enabled=not args.quiet):
             res = asyncio.run(_until_signalled(replay, got))
-    except TeacherReplayError as e: return _fail(e)     # 401/402/403: the key or the credit; what completed is in the journal
+    except TeacherReplayError as e: return fail(e)     # 401/402/403: the key or the credit; what completed is in the journal
     except JournalWriteError as e:
         print(f"{prog}: {' '.join(str(e).split())}", file=sys.stderr); return 1      # a full disk: what was paid is in `results`
     except asyncio.CancelledError: return interrupted()
     except ValueError as e:
         if "belongs to another run" not in str(e): raise
-        return _fail(e)
-    _stage("writing the summary")
+        return fail(e)
+    stage("writing the summary")
     failed = sum(r["error"] is not None for r in res)
     summary = {"states": len(states), "teachers": [t["slug"] for t in teachers], "results": len(res), "failed": failed,
                "invalid_actions": res.invalid_actions, "from_journal": res.from_journal, "not_attempted": len(res.not_attempted),
@@ -312,7 +313,7 @@ def _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal
 def _cmd_pairs(args) -> int:
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
     from composer_replication.teacher_replay.journal import scan_journal
-    _stage("reading the replay folder")
+    stage("reading the replay folder")
     try:
         d = Path(args.dir)
         if not d.is_dir(): raise FileNotFoundError(f"DIR must be a replay folder (`composer-replication replay ... --out DIR`), not found: {args.dir}")
@@ -322,22 +323,22 @@ def _cmd_pairs(args) -> int:
                   "the replay's summary": d/"replay_summary.json", "the journal's lock": d/"teacher_calls.jsonl.lock"}
         out = Path(args.out)
         if out.is_dir(): raise ValueError(f"--out {args.out} is a folder; give the pairs file's path (e.g. pairs.jsonl)")
-        _refuse_overwrite(out, "--out", inputs)
+        refuse_overwrite(out, "--out", inputs)
         trl = Path(args.trl)/"train.jsonl" if args.trl else None
         if trl is not None:
             if Path(args.trl).exists() and not Path(args.trl).is_dir(): raise ValueError(f"--trl {args.trl} is a file; give a folder for train.jsonl")
-            _refuse_overwrite(trl, "--trl", {**inputs, "the pairs file (--out)": out})
+            refuse_overwrite(trl, "--trl", {**inputs, "the pairs file (--out)": out})
         states = _read_states(str(d/"states.jsonl"))
         rows, _, st = scan_journal(d/"teacher_calls.jsonl")
         if st.bad: print(f"warning: {st.report(str(d/'teacher_calls.jsonl'))}", file=sys.stderr)
-        _stage("extracting the pairs")
+        stage("extracting the pairs")
         counts, scrub = {}, _env_scrubber()
         pairs = scrub(extract_dpo_pairs(states, rows, agreement_threshold=args.threshold, max_tool_calls=args.max_tool_calls, counts=counts))
-        _stage("writing the pairs")
+        stage("writing the pairs")
         save_pairs(pairs, out)
-        if trl is not None and pairs: _stage("writing the TRL dataset"); write_trl_dataset(pairs, states, args.trl)
-    except (ValueError, TypeError, FileNotFoundError) as e: return _fail(e)
-    except OSError as e: return _fail(f"cannot write: {e.strerror or e}: {e.filename or ''}")
+        if trl is not None and pairs: stage("writing the TRL dataset"); write_trl_dataset(pairs, states, args.trl)
+    except (ValueError, TypeError, FileNotFoundError) as e: return fail(e)
+    except OSError as e: return fail(f"cannot write: {e.strerror or e}: {e.filename or ''}")
     print(f"pairs: {len(pairs)} DPO pairs from {len(states)} states and {len(rows)} teacher results ({counts['ok']} ok, "
           f"{counts['failed']} failed, {counts['invalid_action']} invalid actions left out; agreement >= {args.threshold}); "
           f"wrote {out}" + (f" and the TRL dataset {trl}" if trl and pairs else ""))
@@ -347,25 +348,25 @@ def _cmd_pairs(args) -> int:
 
 def _cmd_train(args) -> int:
     from composer_replication.recipe import RecipeError, check_recipe, load_recipe, train_recipe
-    _stage("reading the recipe")
+    stage("reading the recipe")
     try:
         r = load_recipe(args.config)
         if args.out is not None:
             import dataclasses
             r = dataclasses.replace(r, output_dir=str(Path(args.out).absolute()))
-    except (RecipeError, FileNotFoundError, ValueError, TypeError) as e: return _fail(e)
-    _stage("checking the recipe")
+    except (RecipeError, FileNotFoundError, ValueError, TypeError) as e: return fail(e)
+    stage("checking the recipe")
     try: check_recipe(r)
-    except (RecipeError, FileNotFoundError) as e: return _fail(f"{args.config}: {e}")
+    except (RecipeError, FileNotFoundError) as e: return fail(f"{args.config}: {e}")
     import warnings
     from transformers.utils import logging as hf_logging
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
-    _stage(f"training (loading the model {r.model}, the data, then the steps)")
+    stage(f"training (loading the model {r.model}, the data, then the steps)")
     try: train_recipe(r, progress=not args.quiet)
-    except (RecipeError, FileNotFoundError) as e: return _fail(f"{args.config}: {e}")   # found while building (bad training values, a model that does not load)
+    except (RecipeError, FileNotFoundError) as e: return fail(f"{args.config}: {e}")   # found while building (bad training values, a model that does not load)
     return 0
 
-def _add_stage_parsers(sub):
+def add_stage_parsers(sub):
     "The staged workflow's subcommands: replay, pairs, train."
     s = sub.add_parser("replay", help="ask teacher LLMs for the next action at every state: budget-capped, journaled, resumable",
                        epilog="example: composer-replication replay states.jsonl --teachers anthropic/claude-opus-4.7,openai/gpt-5 "

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from composer_replication.cli import trl_preference_rows
+from composer_replication.cli_stages import trl_preference_rows
 from composer_replication.evaluation import _encode, _reply_text
 from composer_replication.ingestion.core import action_to_message
 from composer_replication.task_suite import load_expected, make_task_suite, suite_ingester

@@ -15,7 +15,7 @@ from .environments import FAIL_COST, TASK_KINDS, replay_calls, suite_tasks
 from .sandbox import Sandbox, SandboxError
 
 # %% auto #0
-__all__ = ['SUITE_REPO_TASKS', 'RepoTask', 'load_repo_tasks', 'suite_repo_tasks', 'test_counts', 'RepoEnv', 'repo_environment']
+__all__ = ['SUITE_REPO_TASKS', 'RepoTask', 'load_repo_tasks', 'suite_repo_tasks', 'count_tests', 'RepoEnv', 'repo_environment']
 
 # %% ../nbs/25d_repo_env.ipynb #c834cdba
 @dataclass
@@ -95,7 +95,7 @@ def suite_repo_tasks(split_dir:str|Path, # a split folder written by `make_task_
 # %% ../nbs/25d_repo_env.ipynb #64b91235
 _SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)\b")
 
-def test_counts(junit_xml:str|None, # the junit report pytest wrote (None: none was written)
+def count_tests(junit_xml:str|None, # the junit report pytest wrote (None: none was written)
                 output:str="", # the test command's output: its last summary line is read when there is no report
                ) -> dict: # passed, failed, errors, skipped
     "How many tests passed, failed, errored and were skipped, from pytest's junit report or else its summary line."
@@ -150,19 +150,24 @@ class RepoEnv:
         self.sandbox_options = dict(memory_mb=memory_mb, max_output_bytes=4_000_000, **sandbox_options)
         self.task, self.sb, self.workdir, self.calls, self._outcome, self._finalizer = None, None, None, [], None, None
 
-# %% ../nbs/25d_repo_env.ipynb #21e163a4
+# %% ../nbs/25d_repo_env.ipynb #deccba92
 @patch
-def close(self:RepoEnv):
-    "End the episode's sandbox and remove its copy of the repository (the outcome, if computed, is kept)."
+def _close(self:RepoEnv):
+    "Close the episode's sandbox and remove its copy of the repository (the outcome, if computed, is kept)."
     if self._finalizer is not None: self._finalizer()
     self.sb, self._finalizer = None, None
+
+@patch
+def __enter__(self:RepoEnv): return self
+@patch
+def __exit__(self:RepoEnv, *exc): self._close()
 
 @patch
 def reset(self:RepoEnv, task_id:str|None=None, **row) -> str|None:
     "Start the episode `task_id` (a dataset column) in a fresh sandbox; Claude Code's `<env>` note when the prompt ends with the user."
     if task_id not in self.tasks:
         raise ValueError(f"reset needs the task_id of one of the environment's {len(self.tasks)} tasks (a dataset column), got {task_id!r}")
-    self.close()
+    self._close()
     self.task, self.calls, self._outcome = self.tasks[task_id], [], None
     folder = tempfile.mkdtemp(prefix="repo-env-")
     self.workdir = os.path.join(folder, os.path.basename(self.task.cwd) or "repo")
@@ -368,8 +373,8 @@ def outcome(self:RepoEnv) -> dict:
             r = self.sb.run(f"rm -f {shlex.quote(junit)}; export PYTEST_ADDOPTS={shlex.quote(f'--junitxml={junit} -p no:cacheprovider')}; "
                             f"{self.task.test_command}", timeout_s=self.test_timeout_s)
             report = self.sb.read(_JUNIT) if self._exists(_JUNIT) else None
-            n = test_counts(report, r.stdout + "\n" + r.stderr)
-        finally: self.close()
+            n = count_tests(report, r.stdout + "\n" + r.stderr)
+        finally: self._close()
         total = n["passed"] + n["failed"] + n["errors"]
         failed = sum(c["is_error"] for c in self.calls)
         share = n["passed"] / total if total else 0.0

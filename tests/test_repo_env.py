@@ -186,7 +186,7 @@ def test_jsonl_task_runs(tmp_path):
     assert (tmp_path/"calc"/"calc.py").read_text().endswith("a - b\n")   # the user's folder is untouched
 
 
-def count_tests_from_summary_and_junit():
+def test_counting_from_summary_and_junit():
     assert count_tests(None, "x\n2 failed, 1 passed, 1 error in 0.1s") == dict(passed=1, failed=2, errors=1, skipped=0)
     assert count_tests("<testsuite tests='3' failures='0' errors='1' skipped='0'/>") == dict(passed=2, failed=0, errors=1, skipped=0)
     assert count_tests("not xml", "1 passed in 0.1s")["passed"] == 1
@@ -214,3 +214,17 @@ def test_grpo_trainer_takes_it(suite, tmp_path):
     log = next(h for h in trainer.state.log_history if "reward" in h)
     assert log["rewards/RepoEnv/mean"] == pytest.approx(2 / 3)   # no tool called: the untouched repository's share
     assert _children() == before                      # every rollout's sandbox closed by its get_reward
+
+
+def test_recipe_sandbox_from_a_split(suite, tmp_path):
+    "grpo: {environment: sandbox, tasks: <split folder>}: the split's repositories written under output_dir/task-repos, one RepoEnv per rollout."
+    from composer_replication.recipe import parse_recipe
+    from composer_replication.recipe_build import build_trainer, check_recipe
+    d, tasks, kind = suite
+    r = check_recipe(parse_recipe(f"model: tiny\nmode: grpo\noutput_dir: {tmp_path}/run\ngrpo: {{environment: sandbox, tasks: {d}/train, kinds: [task]}}\n"
+                                  "training: {max_steps: 1, per_device_train_batch_size: 2, num_generations: 2, use_cpu: true}\n", tmp_path))
+    trainer, _ = build_trainer(r)
+    env = trainer.environment_factories[None]()
+    assert isinstance(env, RepoEnv) and sorted(trainer.train_dataset["task_id"]) == sorted(t for t in env.tasks)
+    assert all(t.endswith("::task") and kind[t] in ("fix_bug", "rename", "add_flag") for t in env.tasks)
+    assert all(Path(t.repo).is_relative_to(tmp_path/"run"/"task-repos") for t in env.tasks.values())

@@ -230,6 +230,8 @@ def _read(self:RepoEnv, file_path, offset=None, limit=None):
     self.read.add(os.path.normpath(rel))
     if not lines: return "<system-reminder>Warning: the file exists but the contents are empty.</system-reminder>", False
     start = max(int(offset or 1), 1)
+    if start > len(lines):
+        return f"<system-reminder>Warning: the file exists but is shorter than the provided offset ({start}). The file has {len(lines)} lines.</system-reminder>", False
     shown = lines[start - 1:start - 1 + int(limit or 2000)]
     return "\n".join(f"{i:>6}\u2192{l[:2000]}" for i, l in enumerate(shown, start)), False
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/25d_repo_env.ipynb #31229b82
 from __future__ import annotations
-import functools, inspect, json, os, re, shlex, shutil, tempfile, weakref
+import functools, inspect, json, os, re, shlex, shutil, subprocess, tempfile, weakref
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +64,14 @@ def load_repo_tasks(path:str|Path, # a JSONL file: {"repo", "prompt", "test_comm
     if not out: raise ValueError(f"{p}: no tasks")
     return out
 
-# %% ../nbs/25d_repo_env.ipynb #e3818313
+# %% ../nbs/25d_repo_env.ipynb #16d569c5
+def _git_commit(folder:Path, message:str):
+    "Make `folder` a git repository with its files committed on `main` (nothing where git is not installed)."
+    if shutil.which("git") is None: return
+    git = ["git", "-c", "user.name=composer", "-c", "user.email=composer@localhost", "-c", "init.defaultBranch=main"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", message]):
+        subprocess.run(git + args, cwd=folder, check=True, capture_output=True)
+
 SUITE_REPO_TASKS = ("fix_bug", "rename", "add_flag")   # the suite's tasks whose success the tests measure
 
 def suite_repo_tasks(split_dir:str|Path, # a split folder written by `make_task_suite`
@@ -82,6 +89,7 @@ def suite_repo_tasks(split_dir:str|Path, # a split folder written by `make_task_
         d = Path(out_dir)/t.task_id.replace("::", "--")
         if d.exists(): shutil.rmtree(d)
         for rel, text in start.files.items(): (d/rel).parent.mkdir(parents=True, exist_ok=True); (d/rel).write_text(text, encoding="utf-8")
+        _git_commit(d, "Initial layout")   # the recorded sessions run git status, git log and git diff
         tp, cmd = start.test_path, t.meta["test_command"]
         hidden = {tp: t.goal[tp]}
         if t.task == "add_flag":
@@ -191,7 +199,9 @@ def _rel(self:RepoEnv, path) -> str|None:
     return None if rel == ".." or rel.startswith("../") else rel
 
 @patch
-def _show(self:RepoEnv, text:str) -> str: return text.replace(self.workdir, self.task.cwd)
+def _show(self:RepoEnv, text:str) -> str:
+    "`text` with the real folders named as the model knows them (the workdir as cwd, the folder holding it as cwd's parent)."
+    return text.replace(self.workdir, self.task.cwd).replace(os.path.dirname(self.workdir), os.path.dirname(self.task.cwd))
 
 @patch
 def _call(self:RepoEnv, name:str, arguments:dict) -> str:
@@ -266,7 +276,7 @@ def _glob(self:RepoEnv, pattern, path=None):
     base = self._rel(path) if path else "."
     if base is None: return _denied(path, "read from")
     pat = os.path.normpath(os.path.join(base, pattern))
-    files = sorted(set(self.sb.glob(pat)) - set(self.sb.glob(pat + "/")))
+    files = sorted(f for f in set(self.sb.glob(pat)) - set(self.sb.glob(pat + "/")) if ".git" not in Path(f).parts)
     shown = [f"{self.task.cwd}/{f}" for f in files[:100]]
     more = "\n(Results are truncated. Consider using a more specific path or pattern.)" if len(files) > 100 else ""
     return ("\n".join(shown) + more if shown else "No files found"), False
@@ -361,7 +371,7 @@ def Write(self:RepoEnv, file_path:str, content:str) -> str:
         content: The whole text of the file
     """
 
-# %% ../nbs/25d_repo_env.ipynb #9883cdc9
+# %% ../nbs/25d_repo_env.ipynb #71686d82
 _JUNIT = ".repo-env-junit.xml"
 
 @patch(as_prop=True)
@@ -390,7 +400,7 @@ def get_reward(self:RepoEnv) -> float:
     "The episode's reward (TRL calls it once per rollout): the share of the task's tests that pass, minus `fail_cost` per failed call."
     return self.outcome["reward"]
 
-# %% ../nbs/25d_repo_env.ipynb #0bd99f4a
+# %% ../nbs/25d_repo_env.ipynb #87dc9898
 def repo_environment(tasks:Sequence[RepoTask]|Mapping[str, RepoTask], # the episodes
                      **options, # `RepoEnv` options: fail_cost, timeout_s, test_timeout_s, memory_mb, Sandbox options
                     ) -> Callable[[], RepoEnv]:

@@ -16,11 +16,12 @@ from .task_suite_repos import SyntheticRepo
 from .trainer.composer_trainer import ComposerReplicationTrainer, _GRPOBase, _inside_forward, loss_view
 
 # %% auto #0
-__all__ = ['TASK_KINDS', 'SuiteTask', 'replay_calls', 'suite_tasks', 'task_solved', 'TaskSuiteEnv', 'suite_environment',
-           'suite_dataset', 'tool_suffix_ids', 'rollout_sdpo_row', 'OnPolicyComposerTrainer']
+__all__ = ['TASK_KINDS', 'FAIL_COST', 'SuiteTask', 'replay_calls', 'suite_tasks', 'task_solved', 'TaskSuiteEnv',
+           'suite_environment', 'suite_dataset', 'tool_suffix_ids', 'rollout_sdpo_row', 'OnPolicyComposerTrainer']
 
 # %% ../nbs/25c_environments.ipynb #dfb8e140
 TASK_KINDS = ("task", "recovery")   # a task from its prompt; a recovery from the recorded prefix that ends at the planted error
+FAIL_COST = 0.1   # reward taken off per failed tool call (a result Claude Code marks is_error), by every environment
 
 @dataclass
 class SuiteTask:
@@ -128,7 +129,7 @@ class TaskSuiteEnv:
     "A TRL environment over the task suite: each rollout is one episode; its tools are Claude Code's, simulated on the task's repository."
     def __init__(self,
                  tasks:Mapping[str, SuiteTask]|Sequence[SuiteTask], # the episodes `reset` can start (by task_id)
-                 fail_cost:float=0.1, # reward taken off per failed tool call
+                 fail_cost:float=FAIL_COST, # reward taken off per failed tool call
                  isolate_tests:bool=True, # run the agent's code in a child process with limits (`evaluate_tests_isolated`)
                 ):
         self.tasks = dict(tasks) if isinstance(tasks, Mapping) else {t.task_id: t for t in tasks}
@@ -437,7 +438,7 @@ class OnPolicyComposerTrainer(ComposerReplicationTrainer):
         from accelerate.utils import gather_object
         envs, comps, prompts = self.environments or [None] * len(inputs), self._rollout_completions, self._rollout_prompts
         tm = out.get("tool_mask", torch.ones_like(out["completion_mask"]))
-        outcomes = [e.outcome if isinstance(e, TaskSuiteEnv) and e.task is not None else None for e in envs]
+        outcomes = [e.outcome if hasattr(type(e), "outcome") and getattr(e, "task", None) is not None else None for e in envs]   # TaskSuiteEnv, RepoEnv
         errors = [self._tool_errors(e, c) for e, c in zip(envs, comps)]
         # what worked in a successful rollout of the same task (any process): the solution a hint may carry
         mine = [(o and e.task.task_id, [{"name": c["name"], "arguments": c["arguments"]} for c in e.calls if not c["is_error"]])

@@ -110,18 +110,23 @@ class GRPOSpec:
                                   # TRL's environment_factory (a zero-argument callable, e.g. a class, whose instances have reset() and tools)
     split: str|None = None        # environment task_suite: a `make_task_suite` split folder; its episodes are the prompts
     kinds: list = field(default_factory=lambda: ["recovery"])  # environment task_suite: which episodes of each session ("task", "recovery")
+    tasks: str|None = None        # environment sandbox (`RepoEnv`): a make_task_suite split folder (kinds apply) or a JSONL of {repo, prompt, test_command}
 
     def __post_init__(self):
         _opt_str(self.reward, "grpo.reward")
         _int(self.trace_batch_size, "grpo.trace_batch_size", 1)
         _opt_str(self.environment, "grpo.environment")
-        self.split = _path(self.split, "grpo.split")
+        self.split, self.tasks = _path(self.split, "grpo.split"), _path(self.tasks, "grpo.tasks")
         if not isinstance(self.kinds, list) or not self.kinds or not all(isinstance(k, str) for k in self.kinds):
             raise _err("grpo.kinds", f"must be a non-empty list of episode kinds (task, recovery), got {self.kinds!r:.60}")
         if self.split is not None and self.environment != "task_suite":
             raise _err("grpo.split", "is read by environment: task_suite only; remove it or set grpo.environment: task_suite")
         if self.environment == "task_suite" and self.split is None:
             raise _err("grpo.split", "environment task_suite needs the split folder its episodes come from (make_task_suite's train/, dev/ or heldout/)")
+        if self.tasks is not None and self.environment != "sandbox":
+            raise _err("grpo.tasks", "is read by environment: sandbox only; remove it or set grpo.environment: sandbox")
+        if self.environment == "sandbox" and self.tasks is None:
+            raise _err("grpo.tasks", "environment sandbox needs its tasks: a make_task_suite split folder or a JSONL of {repo, prompt, test_command}")
 
 @dataclass
 class ReplaySpec:
@@ -355,7 +360,7 @@ class Recipe:
         fix = lambda p: p if p is None or Path(p).is_absolute() else str(base/p)
         data = dataclasses.replace(self.data, **{k: fix(getattr(self.data, k)) for k in ("states", "pairs", "prompts")})
         model = self.model if self.model in BUILTIN_MODELS else fix(self.model)
-        return dataclasses.replace(self, data=data, model=model, output_dir=fix(self.output_dir), grpo=dataclasses.replace(self.grpo, split=fix(self.grpo.split)))
+        return dataclasses.replace(self, data=data, model=model, output_dir=fix(self.output_dir), grpo=dataclasses.replace(self.grpo, split=fix(self.grpo.split), tasks=fix(self.grpo.tasks)))
 
 # %% ../nbs/27_recipe.ipynb #04f37290
 def _yaml_loader():

@@ -109,10 +109,12 @@ def _environment(recipe:Recipe, # a recipe with grpo.environment set
     "The recipe's (environment_factory, prompt dataset or None): task_suite's episodes of `grpo.split`, or the factory `grpo.environment` names."
     from composer_replication.plugins import PluginError, resolve_plugin
     g = recipe.grpo
-    try: factory = resolve_plugin(g.environment, "environments", what="grpo.environment")
+    from composer_replication import environments as envs
+    from composer_replication.repo_env import RepoEnv
+    try: factory = resolve_plugin(g.environment, "environments", {"task_suite": envs.TaskSuiteEnv, "sandbox": RepoEnv}, what="grpo.environment")
     except PluginError as e: raise RecipeError(str(e)) from None
     if not callable(factory): raise _err("grpo.environment", f"{g.environment!r} names a {type(factory).__name__}, not an environment factory (a class or function)")
-    from composer_replication import environments as envs
+    if factory is RepoEnv: return _sandbox_environment(recipe, build)
     if factory is not envs.TaskSuiteEnv: return factory, None   # the user's own: its prompts are data.prompts (or the states' histories)
     bad = sorted(set(g.kinds) - set(envs.TASK_KINDS))
     if bad: raise _err("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
@@ -149,8 +151,8 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
     d = recipe.data
     if needs_data and recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
     g = recipe.grpo
-    if recipe.mode == "grpo" and d.states is None and d.prompts is None and g.environment != "task_suite":
-        raise _err("data.prompts", "grpo needs data.prompts or data.states (or grpo.environment: task_suite, whose episodes are the prompts)")
+    if recipe.mode == "grpo" and d.states is None and d.prompts is None and g.environment not in ("task_suite", "sandbox"):
+        raise _err("data.prompts", "grpo needs data.prompts or data.states (or grpo.environment: task_suite or sandbox, whose episodes are the prompts)")
     if recipe.mode == "offline" and d.prompts is not None: raise _err("data.prompts", "is read in grpo mode only; remove it or set mode: grpo")
     for k in ("states", "pairs", "prompts"):
         p = getattr(d, k)
@@ -441,4 +443,25 @@ def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
         + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(lastm.get(k))}" for k in chans))
     say(f"wrote {out}/: recipe.yaml metrics.jsonl summary.json model/" + (" (LoRA adapters: adapter_config.json, adapter_model.safetensors)" if recipe.lora is not None else ""))
     return summary
+
+
+# %% ../nbs/27b_recipe_build.ipynb #5a1d0e02
+def _sandbox_environment(recipe:Recipe, # a recipe with grpo.environment: sandbox
+                         build:bool=True, # False: the preflight only (the tasks file's rows, a split's kinds); no repository is written
+                        ) -> tuple[Any, Any]:
+    "environment sandbox: (`repo_environment`, prompt dataset) of `grpo.tasks`, a make_task_suite split folder or a JSONL of tasks."
+    from composer_replication import environments as envs, repo_env
+    from composer_replication.sandbox import local_sandbox_unavailable
+    g, p = recipe.grpo, Path(recipe.grpo.tasks)
+    if (why := local_sandbox_unavailable()): raise _err("grpo.environment", f"sandbox: {why}")
+    try:
+        if p.is_file(): tasks = repo_env.load_repo_tasks(p)
+        elif (p/"manifest.json").is_file():
+            bad = sorted(set(g.kinds) - set(envs.TASK_KINDS))
+            if bad: raise _err("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
+            if not build: return repo_env.RepoEnv, None
+            tasks = repo_env.suite_repo_tasks(p, Path(recipe.output_dir)/"task-repos", kinds=g.kinds)
+        else: raise _err("grpo.tasks", f"{g.tasks} is neither a JSONL file nor a make_task_suite split folder (no manifest.json)", FileNotFoundError)
+    except (ValueError, KeyError) as e: raise _err("grpo.tasks", str(e)) from None
+    return (repo_env.RepoEnv, None) if not build else (repo_env.repo_environment(tasks), envs.suite_dataset(tasks))
 

@@ -347,7 +347,8 @@ def _cmd_pairs(args) -> int:
     return 0
 
 def _cmd_train(args) -> int:
-    from composer_replication.recipe import RecipeError, check_recipe, load_recipe, train_recipe
+    from composer_replication.recipe import RecipeError, load_recipe
+    from composer_replication.recipe_build import check_recipe, train_recipe
     stage("reading the recipe")
     try:
         r = load_recipe(args.config)

@@ -20,8 +20,9 @@ from .loss import LossConfig
 
 # %% auto #0
 __all__ = ['RECIPE_VERSION', 'MODES', 'REPORT_TO_PACKAGES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS',
-           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'RecipeError', 'DataSpec', 'GRPOSpec', 'ReplaySpec', 'DiLoCoSpec',
-           'check_typed', 'Recipe', 'parse_recipe', 'load_recipe', 'recipe_yaml', 'save_recipe', 'recipe_from_demo']
+           'MAX_YAML_DEPTH', 'MAX_YAML_NODES', 'RecipeError', 'recipe_error', 'did_you_mean', 'DataSpec', 'GRPOSpec',
+           'ReplaySpec', 'DiLoCoSpec', 'collator_config_kwargs', 'check_typed', 'Recipe', 'parse_recipe', 'load_recipe',
+           'recipe_yaml', 'save_recipe', 'recipe_from_demo']
 
 # %% ../nbs/27_recipe.ipynb #17eb4491
 RECIPE_VERSION = 1                  # the `version:` a recipe file carries
@@ -41,49 +42,52 @@ _MAX_MESSAGE = 600  # characters of an error message: a huge value or key is cut
 
 def _clip(s:str, n:int=_MAX_MESSAGE) -> str: return s if len(s) <= n else s[:n - 1] + "…"
 
-def _err(key, msg, exc=RecipeError): return exc(_clip(f"{_clip(str(key), 120)}: {msg}"))
+def recipe_error(key, msg, exc=RecipeError):
+    "The error for a bad recipe value: `key: msg` (clipped) as `exc`, a `RecipeError` unless told."
+    return exc(_clip(f"{_clip(str(key), 120)}: {msg}"))
 
-def _did_you_mean(k, allowed):
+def did_you_mean(k, allowed):
+    "` (did you mean 'x'?)` for the allowed name closest to `k`, or nothing."
     m = difflib.get_close_matches(str(k), list(allowed), n=1)
     return f" (did you mean {m[0]!r}?)" if m else ""
 
 def _check_keys(d, allowed, where, see=None):
     "A mapping whose keys are all in `allowed`; the first unknown one is a RecipeError naming it."
-    if not isinstance(d, abc.Mapping): raise _err(where or "recipe", f"must be a mapping (key: value lines), got {type(d).__name__}")
+    if not isinstance(d, abc.Mapping): raise recipe_error(where or "recipe", f"must be a mapping (key: value lines), got {type(d).__name__}")
     for k in d:
         if k not in allowed:
             known = f"see {see}" if see else f"the keys here are {sorted(allowed)}"
-            raise _err(f"{where}.{k}" if where else str(k), f"unknown key{_did_you_mean(k, allowed)}; {known}")
+            raise recipe_error(f"{where}.{k}" if where else str(k), f"unknown key{did_you_mean(k, allowed)}; {known}")
     return dict(d)
 
 def _opt_str(v, key, none_ok=True):
     if v is None and none_ok: return None
     if not isinstance(v, str) or not v.strip() or "\x00" in v:
-        raise _err(key, f"must be a non-empty string{' or null' if none_ok else ''}, got {v!r:.60}")
+        raise recipe_error(key, f"must be a non-empty string{' or null' if none_ok else ''}, got {v!r:.60}")
     return v
 
 def _int(v, key, lo, hi=None, none_ok=False):
     if v is None and none_ok: return None
-    if isinstance(v, bool) or not isinstance(v, int): raise _err(key, f"must be an int, got {v!r:.60}")
-    if v < lo or (hi is not None and v > hi): raise _err(key, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
+    if isinstance(v, bool) or not isinstance(v, int): raise recipe_error(key, f"must be an int, got {v!r:.60}")
+    if v < lo or (hi is not None and v > hi): raise recipe_error(key, f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
     return v
 
 def _num(v, key, lo=-math.inf, hi=math.inf, lo_open=False, hi_open=False, none_ok=False):
     if v is None and none_ok: return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v): raise _err(key, f"must be a finite number, got {v!r:.60}")
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v): raise recipe_error(key, f"must be a finite number, got {v!r:.60}")
     if (v <= lo if lo_open else v < lo) or (v >= hi if hi_open else v > hi):
-        raise _err(key, f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}, got {v!r}")
+        raise recipe_error(key, f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}, got {v!r}")
     return float(v)
 
 def _bool(v, key):
-    if not isinstance(v, bool): raise _err(key, f"must be true or false, got {v!r:.60}")
+    if not isinstance(v, bool): raise recipe_error(key, f"must be true or false, got {v!r:.60}")
     return v
 
 def _path(v, key, none_ok=True):
     "A path string with `~` expanded (as a shell would); `~user` that names no user is refused."
     if _opt_str(v, key, none_ok) is None: return None
     p = os.path.expanduser(v)
-    if p.startswith("~"): raise _err(key, f"{v!r:.80} starts with ~ but names no user whose home folder could replace it")
+    if p.startswith("~"): raise recipe_error(key, f"{v!r:.80} starts with ~ but names no user whose home folder could replace it")
     return p
 
 @dataclass
@@ -118,15 +122,15 @@ class GRPOSpec:
         _opt_str(self.environment, "grpo.environment")
         self.split, self.tasks = _path(self.split, "grpo.split"), _path(self.tasks, "grpo.tasks")
         if not isinstance(self.kinds, list) or not self.kinds or not all(isinstance(k, str) for k in self.kinds):
-            raise _err("grpo.kinds", f"must be a non-empty list of episode kinds (task, recovery), got {self.kinds!r:.60}")
+            raise recipe_error("grpo.kinds", f"must be a non-empty list of episode kinds (task, recovery), got {self.kinds!r:.60}")
         if self.split is not None and self.environment != "task_suite":
-            raise _err("grpo.split", "is read by environment: task_suite only; remove it or set grpo.environment: task_suite")
+            raise recipe_error("grpo.split", "is read by environment: task_suite only; remove it or set grpo.environment: task_suite")
         if self.environment == "task_suite" and self.split is None:
-            raise _err("grpo.split", "environment task_suite needs the split folder its episodes come from (make_task_suite's train/, dev/ or heldout/)")
+            raise recipe_error("grpo.split", "environment task_suite needs the split folder its episodes come from (make_task_suite's train/, dev/ or heldout/)")
         if self.tasks is not None and self.environment != "sandbox":
-            raise _err("grpo.tasks", "is read by environment: sandbox only; remove it or set grpo.environment: sandbox")
+            raise recipe_error("grpo.tasks", "is read by environment: sandbox only; remove it or set grpo.environment: sandbox")
         if self.environment == "sandbox" and self.tasks is None:
-            raise _err("grpo.tasks", "environment sandbox needs its tasks: a make_task_suite split folder or a JSONL of {repo, prompt, test_command}")
+            raise recipe_error("grpo.tasks", "environment sandbox needs its tasks: a make_task_suite split folder or a JSONL of {repo, prompt, test_command}")
 
 @dataclass
 class ReplaySpec:
@@ -172,7 +176,7 @@ def _collator_options() -> dict:
     d = {f.name: f.default for f in dataclasses.fields(CollatorConfig)}
     return {**{k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}, "hint_generator": "dispatch", "pad_token_id": None}
 
-def _collator_config_kwargs(col:dict) -> dict:
+def collator_config_kwargs(col:dict) -> dict:
     "The recipe's collator options as CollatorConfig takes them: the lists YAML holds back to tuples where the field's default is one."
     from composer_replication.trainer.data_collator import CollatorConfig
     tuples = {f.name for f in dataclasses.fields(CollatorConfig) if isinstance(f.default, tuple)}
@@ -182,7 +186,7 @@ def _training_fields(mode:str) -> set[str]:
     "The options of TrainingArguments (GRPOConfig for grpo) that a recipe's training section may set."
     if mode == "grpo":
         try: from trl import GRPOConfig as cls
-        except ImportError: raise _err("mode", "grpo needs trl: pip install composer-replication[trl]", RecipeError) from None
+        except ImportError: raise recipe_error("mode", "grpo needs trl: pip install composer-replication[trl]", RecipeError) from None
     else: from transformers import TrainingArguments as cls
     return {f.name for f in dataclasses.fields(cls) if f.init} - set(_RESERVED_TRAINING)
 
@@ -249,7 +253,7 @@ def check_typed(values:abc.Mapping, # option name -> value, as read from YAML
     for k, v in values.items():
         tp = hints.get(k, typing.Any)
         if _fits(v, tp) is False:
-            raise _err(f"{where}.{k}", f"must be {_type_name(tp)}, got {v!r:.60}")
+            raise recipe_error(f"{where}.{k}", f"must be {_type_name(tp)}, got {v!r:.60}")
         if k in (ranges or {}) and isinstance(v, (int, float)) and not isinstance(v, bool):
             _num(v, f"{where}.{k}", *ranges[k])
     return dict(values)
@@ -258,27 +262,27 @@ def _check_training(training:dict, mode:str) -> dict:
     "The training section's values checked against TrainingArguments' (GRPOConfig's) annotated types and the ranges above."
     if mode == "grpo":
         try: from trl import GRPOConfig as cls
-        except ImportError: raise _err("mode", "grpo needs trl: pip install composer-replication[trl]") from None
+        except ImportError: raise recipe_error("mode", "grpo needs trl: pip install composer-replication[trl]") from None
     else: from transformers import TrainingArguments as cls
     check_typed(training, cls, "training", _TRAINING_RANGES)
     ms = training.get("max_steps")
     if isinstance(ms, int) and not isinstance(ms, bool) and ms != -1 and ms < 1:
-        raise _err("training.max_steps", f"must be an int >= 1 (or -1: train num_train_epochs epochs), got {ms}")
+        raise recipe_error("training.max_steps", f"must be an int >= 1 (or -1: train num_train_epochs epochs), got {ms}")
     return training
 
 def _loss(d) -> LossConfig:
     "The run's LossConfig (one, or a mapping of its options), and the one check of what a run's loss may not hold."
     if isinstance(d, LossConfig): cfg = d
-    elif not isinstance(d, abc.Mapping): raise _err("loss", f"must be a mapping of LossConfig options, got {type(d).__name__}")
+    elif not isinstance(d, abc.Mapping): raise recipe_error("loss", f"must be a mapping of LossConfig options, got {type(d).__name__}")
     else:
         from composer_replication.loss import LOSS_OPTIONS
         for k in d:
-            if k not in LOSS_OPTIONS: raise _err(f"loss.{k}", f"unknown key{_did_you_mean(k, LOSS_OPTIONS)}; the keys here are {list(LOSS_OPTIONS)}")
+            if k not in LOSS_OPTIONS: raise recipe_error(f"loss.{k}", f"unknown key{did_you_mean(k, LOSS_OPTIONS)}; the keys here are {list(LOSS_OPTIONS)}")
         try: cfg = LossConfig.from_dict(d)
         except (TypeError, ValueError) as e:
             msg = str(e); k = next((k for k in LOSS_OPTIONS if msg.startswith(k)), None)
-            raise (_err(f"loss.{k}", msg[len(k):].lstrip(" :")) if k else _err("loss", msg)) from None
-    if cfg.taid_t is not None: raise _err("loss.taid_t", "must be null: the trainer's TAIDScheduler drives TAID's t")
+            raise (recipe_error(f"loss.{k}", msg[len(k):].lstrip(" :")) if k else recipe_error("loss", msg)) from None
+    if cfg.taid_t is not None: raise recipe_error("loss.taid_t", "must be null: the trainer's TAIDScheduler drives TAID's t")
     return cfg
 
 def _section(cls, d, where):
@@ -305,20 +309,20 @@ class Recipe:
     version: int = RECIPE_VERSION # the file format's version
 
     def __post_init__(self):
-        if self.version != RECIPE_VERSION: raise _err("version", f"must be {RECIPE_VERSION} (this package reads recipe files of version {RECIPE_VERSION}), got {self.version!r}")
+        if self.version != RECIPE_VERSION: raise recipe_error("version", f"must be {RECIPE_VERSION} (this package reads recipe files of version {RECIPE_VERSION}), got {self.version!r}")
         _opt_str(self.model, "model", none_ok=False); _opt_str(self.name, "name")
         if self.model not in BUILTIN_MODELS: self.model = _path(self.model, "model", none_ok=False)
         self.output_dir = _path(self.output_dir, "output_dir", none_ok=False)
-        if self.mode not in MODES: raise _err("mode", f"must be one of {list(MODES)}, got {self.mode!r:.60}")
+        if self.mode not in MODES: raise recipe_error("mode", f"must be one of {list(MODES)}, got {self.mode!r:.60}")
         _int(self.seed, "seed", 0, 2**32 - 1); _int(self.train_layers, "train_layers", 1, none_ok=True)
         if self.lora is not None:
-            if not isinstance(self.lora, abc.Mapping): raise _err("lora", f"must be a mapping of peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules) or null, got {type(self.lora).__name__}")
-            if self.train_layers is not None: raise _err("train_layers", "must be null with lora: (the adapters train, every base weight stays frozen)")
+            if not isinstance(self.lora, abc.Mapping): raise recipe_error("lora", f"must be a mapping of peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules) or null, got {type(self.lora).__name__}")
+            if self.train_layers is not None: raise recipe_error("train_layers", "must be null with lora: (the adapters train, every base weight stays frozen)")
             self.lora = dict(self.lora)
             if importlib.util.find_spec("peft") is not None:   # else check_recipe says what to install
                 from composer_replication.models import lora_config
                 try: lora_config(self.lora)
-                except (TypeError, ValueError) as e: raise _err("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
+                except (TypeError, ValueError) as e: raise recipe_error("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
         self.data, self.grpo, self.diloco = _section(DataSpec, self.data, "data"), _section(GRPOSpec, self.grpo, "grpo"), _section(DiLoCoSpec, self.diloco, "diloco")
         self.replay = _section(ReplaySpec, self.replay, "replay")
         self.loss = _loss(self.loss)
@@ -329,14 +333,14 @@ class Recipe:
         col = {k: list(v) if isinstance(opts[k], list) and isinstance(v, tuple) else v for k, v in col.items()}   # tuples as YAML lists
         from composer_replication.trainer.data_collator import CollatorConfig
         check_typed({k: v for k, v in col.items() if k not in ("hint_generator", "pad_token_id")}, CollatorConfig, "collator")
-        try: CollatorConfig(**_collator_config_kwargs({**col, "hint_generator": None, "pad_token_id": 0}))
+        try: CollatorConfig(**collator_config_kwargs({**col, "hint_generator": None, "pad_token_id": 0}))
         except (TypeError, ValueError) as e:
             k = next((k for k in opts if str(e).startswith(k)), None)
-            raise (_err(f"collator.{k}", str(e)[len(k):].lstrip(" :")) if k else _err("collator", str(e))) from None
+            raise (recipe_error(f"collator.{k}", str(e)[len(k):].lstrip(" :")) if k else recipe_error("collator", str(e))) from None
         self.collator = col
-        if not isinstance(self.training, abc.Mapping): raise _err("training", f"must be a mapping of TrainingArguments options, got {type(self.training).__name__}")
+        if not isinstance(self.training, abc.Mapping): raise recipe_error("training", f"must be a mapping of TrainingArguments options, got {type(self.training).__name__}")
         for k, top in _RESERVED_TRAINING.items():
-            if k in self.training: raise _err(f"training.{k}", f"set {top} at the top level of the recipe, not under training")
+            if k in self.training: raise recipe_error(f"training.{k}", f"set {top} at the top level of the recipe, not under training")
         self.training = _check_training({**TRAINING_DEFAULTS, **_check_keys(self.training, _training_fields(self.mode), "training",
                                                            see="trl.GRPOConfig" if self.mode == "grpo" else "transformers.TrainingArguments")}, self.mode)
 
@@ -468,14 +472,3 @@ def recipe_from_demo(cfg:Any, # a `composer_replication.demo.DemoConfig` (read b
                   training={"max_steps": cfg.steps, "learning_rate": cfg.lr},   # the rest: TRAINING_DEFAULTS, as every run
                   replay=ReplaySpec(teachers=getattr(cfg, "teachers", None), provider=getattr(cfg, "provider", None),
                                     api_key_env=getattr(cfg, "api_key_env", None), max_usd=getattr(cfg, "max_total_usd", None)))
-
-# %% ../nbs/27_recipe.ipynb #s94744e5063e
-_BUILD_NAMES = ("check_recipe", "TINY_BASE", "load_recipe_model", "train_top_layers", "recipe_data", "recipe_model", "reference_collator",
-                "build_trainer", "CHANNELS", "channel_progress", "run_metrics", "train_recipe", "_adapters_trained")
-
-def __getattr__(name):
-    "Building and running a recipe moved to `recipe_build` (it imports this module): its names still import from here."
-    if name in _BUILD_NAMES:
-        from composer_replication import recipe_build
-        return getattr(recipe_build, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,29 +14,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, RecipeError, _collator_config_kwargs, _did_you_mean, _err,
+from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, RecipeError, collator_config_kwargs, did_you_mean, recipe_error,
                                          save_recipe)
 
 # %% auto #0
-__all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'train_top_layers', 'recipe_data', 'recipe_model',
-           'reference_collator', 'build_trainer', 'channel_progress', 'run_metrics', 'train_recipe']
+__all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'adapters_trained', 'train_top_layers', 'recipe_data',
+           'recipe_model', 'reference_collator', 'build_trainer', 'channel_progress', 'run_metrics', 'train_recipe']
 
 # %% ../nbs/27b_recipe_build.ipynb #61b96aeb
 def _import_callable(spec:str, key:str):
     "The function `spec` names ('pkg.mod:fn' or 'pkg.mod.fn'); a RecipeError naming `key` when it cannot be imported or called."
     mod, sep, fn = spec.partition(":") if ":" in spec else spec.rpartition(".")
-    if not mod or not fn: raise _err(key, f"must be 'package.module:function', got {spec!r}")
+    if not mod or not fn: raise recipe_error(key, f"must be 'package.module:function', got {spec!r}")
     try: obj = getattr(importlib.import_module(mod), fn)
-    except ImportError as e: raise _err(key, f"cannot import module {mod!r} ({e})") from None
-    except AttributeError: raise _err(key, f"module {mod!r} has no {fn!r}") from None
-    if not callable(obj): raise _err(key, f"{spec!r} is not callable")
+    except ImportError as e: raise recipe_error(key, f"cannot import module {mod!r} ({e})") from None
+    except AttributeError: raise recipe_error(key, f"module {mod!r} has no {fn!r}") from None
+    if not callable(obj): raise recipe_error(key, f"{spec!r} is not callable")
     return obj
 
 def _report_to(training:dict) -> list[str]:
     v = training.get("report_to")
     vals = [] if v in (None, "none", []) else [v] if isinstance(v, str) else v
     if not isinstance(vals, list) or not all(isinstance(x, str) for x in vals):
-        raise _err("training.report_to", f"must be none, an integration name (tensorboard, wandb, ...) or a list of them, got {v!r:.60}")
+        raise recipe_error("training.report_to", f"must be none, an integration name (tensorboard, wandb, ...) or a list of them, got {v!r:.60}")
     return [x for x in vals if x != "none"]
 
 def _known_trackers() -> list[str]:
@@ -49,15 +49,15 @@ def _check_trackers(training:dict):
     from transformers.integrations import integration_utils as iu
     names, known = _report_to(training), _known_trackers()
     for name in names:
-        if name not in known: raise _err("training.report_to", f"unknown tracker {name!r}{_did_you_mean(name, known)}; the known trackers are {', '.join(known)}")
-    if "all" in names and len(names) > 1: raise _err("training.report_to", f"'all' stands alone (every installed tracker), got {names}")
+        if name not in known: raise recipe_error("training.report_to", f"unknown tracker {name!r}{did_you_mean(name, known)}; the known trackers are {', '.join(known)}")
+    if "all" in names and len(names) > 1: raise recipe_error("training.report_to", f"'all' stands alone (every installed tracker), got {names}")
     for name in names:
         mods = REPORT_TO_PACKAGES.get(name)
         if mods and not any(importlib.util.find_spec(m) is not None for m in mods):
-            raise _err("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
+            raise recipe_error("training.report_to", f"{name} needs the {mods[0]} package: pip install {mods[0]} (or report_to: none)")
         found = getattr(iu, f"is_{name.replace('_', '')}_available", None) or getattr(iu, f"is_{name.split('_')[0]}_available", None)
         if not mods and found is not None and not found():
-            raise _err("training.report_to", f"{name}: transformers finds no {name} package installed here (install it, or report_to: none)")
+            raise recipe_error("training.report_to", f"{name}: transformers finds no {name} package installed here (install it, or report_to: none)")
 
 def _launch_size() -> int:
     "The processes of this torchrun / accelerate launch: WORLD_SIZE where LOCAL_RANK says a launcher started us; 1 alone (a DiLoCo replica's WORLD_SIZE counts replicas)."
@@ -71,7 +71,7 @@ def _cpu_launch(kw:dict, # the training arguments
     "`kw` with `use_cpu` set where `world` processes share a machine with no accelerator: accelerate makes such a launch data-parallel (gloo) only so."
     if world == 1 or accelerator: return kw
     if kw.get("use_cpu") is False:
-        raise _err("training.use_cpu", f"is false, but this launch has {world} processes and no accelerator: they would train {world} separate "
+        raise recipe_error("training.use_cpu", f"is false, but this launch has {world} processes and no accelerator: they would train {world} separate "
                                        "copies; remove it (processes on CPUs train data-parallel, over gloo)")
     return {**kw, "use_cpu": True}
 
@@ -84,7 +84,7 @@ def _args(recipe:Recipe):
         kw["dataloader_pin_memory"] = False   # nothing to pin memory for: torch would warn at every DataLoader
     kw = _cpu_launch(kw, _launch_size(), _accelerator())
     try: return cls(output_dir=recipe.output_dir, seed=recipe.seed, **kw)
-    except (TypeError, ValueError) as e: raise _err("training", " ".join(str(e).split())[:400]) from None
+    except (TypeError, ValueError) as e: raise recipe_error("training", " ".join(str(e).split())[:400]) from None
 
 def _accelerator() -> bool:
     "Whether torch sees a GPU (or another accelerator) to train on."
@@ -95,13 +95,13 @@ def _accelerator() -> bool:
 def _check_output_dir(path:str):
     "A folder that exists or can be made: not a file, not under a file, in a folder this user may write to."
     out = Path(path)
-    if out.exists() and not out.is_dir(): raise _err("output_dir", f"{path} exists and is not a folder")
+    if out.exists() and not out.is_dir(): raise recipe_error("output_dir", f"{path} exists and is not a folder")
     up = out
     while not up.exists() and up != up.parent: up = up.parent
     if up != out:
-        if not up.is_dir(): raise _err("output_dir", f"{path} cannot be made: {up} is a file, not a folder")
-        if not os.access(up, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} cannot be made: {up} is not writable")
-    elif not os.access(out, os.W_OK | os.X_OK): raise _err("output_dir", f"{path} is not writable")
+        if not up.is_dir(): raise recipe_error("output_dir", f"{path} cannot be made: {up} is a file, not a folder")
+        if not os.access(up, os.W_OK | os.X_OK): raise recipe_error("output_dir", f"{path} cannot be made: {up} is not writable")
+    elif not os.access(out, os.W_OK | os.X_OK): raise recipe_error("output_dir", f"{path} is not writable")
 
 def _environment(recipe:Recipe, # a recipe with grpo.environment set
                  build:bool=True, # False: the preflight only (the name resolves, the split folder and kinds are right); no episode is replayed
@@ -113,18 +113,18 @@ def _environment(recipe:Recipe, # a recipe with grpo.environment set
     from composer_replication.repo_env import RepoEnv
     try: factory = resolve_plugin(g.environment, "environments", {"task_suite": envs.TaskSuiteEnv, "sandbox": RepoEnv}, what="grpo.environment")
     except PluginError as e: raise RecipeError(str(e)) from None
-    if not callable(factory): raise _err("grpo.environment", f"{g.environment!r} names a {type(factory).__name__}, not an environment factory (a class or function)")
+    if not callable(factory): raise recipe_error("grpo.environment", f"{g.environment!r} names a {type(factory).__name__}, not an environment factory (a class or function)")
     if factory is RepoEnv: return _sandbox_environment(recipe, build)
     if factory is not envs.TaskSuiteEnv: return factory, None   # the user's own: its prompts are data.prompts (or the states' histories)
     bad = sorted(set(g.kinds) - set(envs.TASK_KINDS))
-    if bad: raise _err("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
+    if bad: raise recipe_error("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
     split = Path(g.split)
-    if not (split/"manifest.json").is_file(): raise _err("grpo.split", f"no manifest.json in {g.split} (a make_task_suite split folder is expected)", FileNotFoundError)
+    if not (split/"manifest.json").is_file(): raise recipe_error("grpo.split", f"no manifest.json in {g.split} (a make_task_suite split folder is expected)", FileNotFoundError)
     if not build: return factory, None
     try: tasks = envs.suite_tasks(split)   # every session's recorded calls replayed once: done when the trainer is built, not in the preflight
-    except (ValueError, KeyError) as e: raise _err("grpo.split", f"{g.split}: {e}") from None
+    except (ValueError, KeyError) as e: raise recipe_error("grpo.split", f"{g.split}: {e}") from None
     prompts = [t for t in tasks if t.kind in g.kinds]
-    if not prompts: raise _err("grpo.kinds", f"{g.split} has no episode of kinds {g.kinds}")
+    if not prompts: raise recipe_error("grpo.kinds", f"{g.split} has no episode of kinds {g.kinds}")
     return envs.suite_environment(tasks), envs.suite_dataset(prompts)
 
 def _has_row(path:str, ok=lambda r: True) -> bool:
@@ -136,12 +136,12 @@ def _check_rows(recipe:Recipe):
     "Every data file a channel with weight > 0 reads holds a row: an empty one is a RecipeError naming its key and the file."
     from composer_replication.teacher_replay.pairs import pair_problem
     d, loss = recipe.data, recipe.loss
-    if d.states is not None and not _has_row(d.states): raise _err("data.states", f"{d.states} holds no TraceState (no line is a JSON object)")
+    if d.states is not None and not _has_row(d.states): raise recipe_error("data.states", f"{d.states} holds no TraceState (no line is a JSON object)")
     if d.pairs is not None and loss.beta_replay > 0 and recipe.collator["enable_replay_dpo"] and not _has_row(d.pairs, lambda p: pair_problem(p) is None):
-        raise _err("data.pairs", f"{d.pairs} holds no DPO pair, so the DPO channel (loss.beta_replay: {loss.beta_replay:g}) would train on "
+        raise recipe_error("data.pairs", f"{d.pairs} holds no DPO pair, so the DPO channel (loss.beta_replay: {loss.beta_replay:g}) would train on "
                                  "nothing; give pairs, or set data.pairs: null / loss.beta_replay: 0")
     if recipe.mode == "grpo" and d.prompts is not None and not _has_row(d.prompts, lambda r: isinstance(r.get("prompt"), (str, list)) and r["prompt"]):
-        raise _err("data.prompts", f"{d.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
+        raise recipe_error("data.prompts", f"{d.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
 
 def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
                  *, needs_data:bool=True, # False: the caller brings the examples (a DiLoCo replica's shard), data.states may be null
@@ -149,32 +149,32 @@ def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolv
     "Preflight what a run needs beyond the recipe's own checks: the files (and their rows), the model folder, the reward, the trackers, the launch."
     if not isinstance(recipe, Recipe): raise TypeError(f"recipe must be a Recipe, got {type(recipe).__name__}")
     d = recipe.data
-    if needs_data and recipe.mode == "offline" and d.states is None: raise _err("data.states", "is required in offline mode (the TraceState JSONL to train on)")
+    if needs_data and recipe.mode == "offline" and d.states is None: raise recipe_error("data.states", "is required in offline mode (the TraceState JSONL to train on)")
     g = recipe.grpo
     if recipe.mode == "grpo" and d.states is None and d.prompts is None and g.environment not in ("task_suite", "sandbox"):
-        raise _err("data.prompts", "grpo needs data.prompts or data.states (or grpo.environment: task_suite or sandbox, whose episodes are the prompts)")
-    if recipe.mode == "offline" and d.prompts is not None: raise _err("data.prompts", "is read in grpo mode only; remove it or set mode: grpo")
+        raise recipe_error("data.prompts", "grpo needs data.prompts or data.states (or grpo.environment: task_suite or sandbox, whose episodes are the prompts)")
+    if recipe.mode == "offline" and d.prompts is not None: raise recipe_error("data.prompts", "is read in grpo mode only; remove it or set mode: grpo")
     for k in ("states", "pairs", "prompts"):
         p = getattr(d, k)
-        if p is not None and not Path(p).is_file(): raise _err(f"data.{k}", f"not found: {p}" + (" (a folder, not a JSONL file)" if Path(p).is_dir() else ""), FileNotFoundError)
+        if p is not None and not Path(p).is_file(): raise recipe_error(f"data.{k}", f"not found: {p}" + (" (a folder, not a JSONL file)" if Path(p).is_dir() else ""), FileNotFoundError)
     if needs_data: _check_rows(recipe)
     if recipe.model not in BUILTIN_MODELS:
         p = Path(recipe.model)
-        if not p.is_dir(): raise _err("model", f"must be one of {list(BUILTIN_MODELS)} or a Hugging Face model folder; not found: {recipe.model}", FileNotFoundError)
-        if not (p/"config.json").is_file(): raise _err("model", f"no config.json in {recipe.model}: not a Hugging Face model folder")
+        if not p.is_dir(): raise recipe_error("model", f"must be one of {list(BUILTIN_MODELS)} or a Hugging Face model folder; not found: {recipe.model}", FileNotFoundError)
+        if not (p/"config.json").is_file(): raise recipe_error("model", f"no config.json in {recipe.model}: not a Hugging Face model folder")
     if recipe.mode == "grpo":
         if g.reward is None and g.environment is None:
-            raise _err("grpo.reward", "grpo needs a reward function ('package.module:function') or an environment whose get_reward() is the reward (grpo.environment)")
+            raise recipe_error("grpo.reward", "grpo needs a reward function ('package.module:function') or an environment whose get_reward() is the reward (grpo.environment)")
         if g.reward is not None: _import_callable(g.reward, "grpo.reward")
         if g.environment is not None: _environment(recipe, build=False)   # it imports; a task_suite split is a split folder
     else:
         for k in ("reward", "environment"):
-            if getattr(g, k) is not None: raise _err(f"grpo.{k}", "is used in grpo mode only; remove it or set mode: grpo")
+            if getattr(g, k) is not None: raise recipe_error(f"grpo.{k}", "is used in grpo mode only; remove it or set mode: grpo")
     _check_trackers(recipe.training)
     hg = recipe.collator["hint_generator"]
     if hg is not None: _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")
     if recipe.lora is not None and importlib.util.find_spec("peft") is None:
-        raise _err("lora", "LoRA adapters need peft: pip install composer-replication[peft]")
+        raise recipe_error("lora", "LoRA adapters need peft: pip install composer-replication[peft]")
     _check_output_dir(recipe.output_dir)
     _args(recipe)          # the arguments class's own checks of the training values
     return recipe
@@ -190,17 +190,17 @@ def load_recipe_model(recipe:Recipe) -> tuple[Any, Any]:
     else:
         from composer_replication.models import load_student
         try: model, tok = load_student(recipe.model)
-        except (OSError, ValueError, KeyError) as e: raise _err("model", f"cannot load {recipe.model}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from e
+        except (OSError, ValueError, KeyError) as e: raise recipe_error("model", f"cannot load {recipe.model}: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}") from e
     if recipe.lora is not None:
         from transformers import set_seed
         from composer_replication.models import add_lora
         set_seed(recipe.seed)   # the adapters' random init (A) follows the recipe's seed; under DDP rank 0's is broadcast
         base = (("tiny" if recipe.seed == 0 else TINY_BASE) if recipe.model == "tiny" else recipe.model)   # what the adapter folder records
         try: model = add_lora(model, recipe.lora, base=base)
-        except (TypeError, ValueError) as e: raise _err("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
+        except (TypeError, ValueError) as e: raise recipe_error("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
     return model, tok
 
-def _adapters_trained(model) -> dict:
+def adapters_trained(model) -> dict:
     "What trains in a peft model (the `train_top_layers` summary)."
     cfg = model.peft_config["default"]
     tm = cfg.target_modules
@@ -216,7 +216,7 @@ def train_top_layers(model, # a Hugging Face causal LM
     n_all = sum(p.numel() for p in model.parameters())
     dec = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     layers = getattr(dec, "layers", None)
-    if k is not None and not isinstance(layers, torch.nn.ModuleList): raise _err("train_layers", f"{type(model).__name__} has no decoder layer list to choose from")
+    if k is not None and not isinstance(layers, torch.nn.ModuleList): raise recipe_error("train_layers", f"{type(model).__name__} has no decoder layer list to choose from")
     if k is None or k >= len(layers):
         what = f"all {len(layers)} layers" if isinstance(layers, torch.nn.ModuleList) else "all layers"
     else:
@@ -236,12 +236,12 @@ def recipe_data(recipe:Recipe) -> dict:
         states, st = read_jsonl(d.states)
         if st.bad: out["bad_lines"]["states"] = st.bad; print(f"warning: {st.report(d.states)}", file=sys.stderr)
         try: out["states"] = check_states(states)
-        except (TypeError, ValueError) as e: raise _err("data.states", f"{d.states}: {e}") from None
-        if not states: raise _err("data.states", f"{d.states} holds no TraceState")
+        except (TypeError, ValueError) as e: raise recipe_error("data.states", f"{d.states}: {e}") from None
+        if not states: raise recipe_error("data.states", f"{d.states} holds no TraceState")
     if d.pairs is not None: out["pairs"] = load_pairs(d.pairs)
     if out["states"]:
         try: out["examples"] = trace_examples_from_states(out["states"], pairs=out["pairs"], final_reward=d.final_reward)
-        except (TypeError, ValueError) as e: raise _err("data", str(e)) from None
+        except (TypeError, ValueError) as e: raise recipe_error("data", str(e)) from None
     return out
 
 def _prompts(recipe:Recipe, states:list[dict]):
@@ -253,13 +253,13 @@ def _prompts(recipe:Recipe, states:list[dict]):
         return Dataset.from_list([{"prompt": openai_messages(s["messages"], instruction=None), "state_id": s["state_id"]} for s in states])
     rows, st = read_jsonl(recipe.data.prompts)
     rows = [r for r in rows if isinstance(r.get("prompt"), (str, list)) and r["prompt"]]
-    if not rows: raise _err("data.prompts", f"{recipe.data.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
+    if not rows: raise recipe_error("data.prompts", f"{recipe.data.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
     return Dataset.from_list(rows)
 
 def recipe_model(recipe:Recipe) -> tuple[Any, Any, dict]:
     "The recipe's (model, tokenizer, what trains): `load_recipe_model`, then its top `train_layers` or its LoRA adapters set to train."
     model, tok = load_recipe_model(recipe)
-    return model, tok, _adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
+    return model, tok, adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
 
 def _collator(recipe:Recipe, tok):
     "The recipe's ComposerDataCollator: its collator section, the hint generator by name, the tokenizer's pad id unless the recipe sets one."
@@ -267,7 +267,7 @@ def _collator(recipe:Recipe, tok):
     col = dict(recipe.collator)
     hg, pad = col.pop("hint_generator"), col.pop("pad_token_id")
     pad = pad if pad is not None else (tok.pad_token_id if tok.pad_token_id is not None else 0)
-    return ComposerDataCollator(tok, CollatorConfig(**_collator_config_kwargs(col), pad_token_id=pad,
+    return ComposerDataCollator(tok, CollatorConfig(**collator_config_kwargs(col), pad_token_id=pad,
                                                     hint_generator=None if hg is None else _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")))
 
 class _ScoredCollator:
@@ -316,7 +316,7 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
                  ) -> tuple[Any, Any]: # (ComposerOfflineTrainer or ComposerReplicationTrainer, tokenizer)
     "The trainer a recipe describes, with its model, data, collator, loss configuration and the DPO reference scored once per example."
     check_recipe(recipe, needs_data=examples is None)
-    if examples is not None and recipe.mode != "offline": raise _err("mode", "examples= trains an offline recipe only")
+    if examples is not None and recipe.mode != "offline": raise recipe_error("mode", "examples= trains an offline recipe only")
     args = _args(recipe)
     data = recipe_data(recipe) if examples is None else {"states": [], "pairs": [], "examples": list(examples), "bad_lines": {}}
     model, tok, trained = model if model is not None else recipe_model(recipe)
@@ -397,7 +397,7 @@ def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
     from composer_replication.jsonl import write_jsonl
     check_recipe(recipe)
     if recipe.diloco.enabled:
-        raise _err("diloco.enabled", "train runs one process; DiLoCo replicas are launched by composer_replication.diloco.serverless "
+        raise recipe_error("diloco.enabled", "train runs one process; DiLoCo replicas are launched by composer_replication.diloco.serverless "
                                      "(replica_spec_from_recipe: each replica builds its trainer from this recipe); set enabled: false to train here")
     out = Path(recipe.output_dir)
     main = _main_process()
@@ -453,15 +453,15 @@ def _sandbox_environment(recipe:Recipe, # a recipe with grpo.environment: sandbo
     from composer_replication import environments as envs, repo_env
     from composer_replication.sandbox import local_sandbox_unavailable
     g, p = recipe.grpo, Path(recipe.grpo.tasks)
-    if (why := local_sandbox_unavailable()): raise _err("grpo.environment", f"sandbox: {why}")
+    if (why := local_sandbox_unavailable()): raise recipe_error("grpo.environment", f"sandbox: {why}")
     try:
         if p.is_file(): tasks = repo_env.load_repo_tasks(p)
         elif (p/"manifest.json").is_file():
             bad = sorted(set(g.kinds) - set(envs.TASK_KINDS))
-            if bad: raise _err("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
+            if bad: raise recipe_error("grpo.kinds", f"{bad} not episode kinds: use {list(envs.TASK_KINDS)}")
             if not build: return repo_env.RepoEnv, None
             tasks = repo_env.suite_repo_tasks(p, Path(recipe.output_dir)/"task-repos", kinds=g.kinds)
-        else: raise _err("grpo.tasks", f"{g.tasks} is neither a JSONL file nor a make_task_suite split folder (no manifest.json)", FileNotFoundError)
-    except (ValueError, KeyError) as e: raise _err("grpo.tasks", str(e)) from None
+        else: raise recipe_error("grpo.tasks", f"{g.tasks} is neither a JSONL file nor a make_task_suite split folder (no manifest.json)", FileNotFoundError)
+    except (ValueError, KeyError) as e: raise recipe_error("grpo.tasks", str(e)) from None
     return (repo_env.RepoEnv, None) if not build else (repo_env.repo_environment(tasks), envs.suite_dataset(tasks))
 

@@ -72,7 +72,8 @@ def test_truncated_or_corrupt_weights_are_one_line(good, tmp_path, cut):
 
 def test_train_refuses_a_mismatched_model_folder(good, tmp_path):
     "Through a recipe: the run stops at the model with a RecipeError naming the key and the folder; no model is written."
-    from composer_replication.recipe import Recipe, RecipeError, load_recipe_model
+    from composer_replication.recipe import Recipe, RecipeError
+    from composer_replication.recipe_build import load_recipe_model
     f = edited(good, tmp_path, hidden_size=128)
     r = Recipe(model=str(f), output_dir=str(tmp_path / "out"))
     with contextlib.redirect_stderr(io.StringIO()), pytest.raises(RecipeError) as e: load_recipe_model(r)

@@ -13,7 +13,8 @@ import math
 import pytest
 
 from composer_replication.cli import main
-from composer_replication.recipe import CHANNELS, load_recipe
+from composer_replication.recipe import load_recipe
+from composer_replication.recipe_build import CHANNELS
 
 
 def run_cli(*argv):
@@ -142,7 +143,8 @@ def test_hostile_yaml_is_refused_fast_and_short(tmp_path):
 
 def test_output_dir_paths(tmp_path, monkeypatch):
     import dataclasses
-    from composer_replication.recipe import Recipe, DataSpec, RecipeError, check_recipe, parse_recipe
+    from composer_replication.recipe import Recipe, DataSpec, RecipeError, parse_recipe
+    from composer_replication.recipe_build import check_recipe
     states = tmp_path / "states.jsonl"; states.write_text("{}\n")
     ok = Recipe(data=DataSpec(states=str(states)), output_dir=str(tmp_path / "out"))
     assert check_recipe(ok) is ok
@@ -221,7 +223,8 @@ def test_preflight_refuses_before_the_model_loads(tmp_path, monkeypatch, change,
 
 
 def test_empty_pairs_pass_when_the_dpo_channel_is_off(tmp_path):
-    from composer_replication.recipe import check_recipe, load_recipe
+    from composer_replication.recipe import load_recipe
+    from composer_replication.recipe_build import check_recipe
     (tmp_path/"states.jsonl").write_text("{}\n"); (tmp_path/"pairs.jsonl").write_text("")
     for loss in ("{beta_replay: 0}", "{beta_replay: 0.5}\ncollator: {enable_replay_dpo: false}"):
         (tmp_path/"r.yaml").write_text(f"data: {{states: states.jsonl, pairs: pairs.jsonl}}\nloss: {loss}\n")
@@ -254,7 +257,7 @@ def test_a_diloco_replicas_world_size_is_not_a_launch(monkeypatch):
 def test_a_demo_with_no_pairs_writes_a_recipe_that_trains(tmp_path):
     "A demo whose replay mined 0 pairs (a $0 budget) writes data.pairs: null, so `train --config` on its recipe passes the preflight."
     from composer_replication.demo import DemoConfig, run_demo
-    from composer_replication.recipe import check_recipe
+    from composer_replication.recipe_build import check_recipe
     s = run_demo(DemoConfig(out=str(tmp_path), name="broke", steps=1, model="tiny", max_total_usd=0), progress=False)
     assert s["pairs"] == 0 and (tmp_path/"broke"/"pairs.jsonl").exists()
     r = load_recipe(tmp_path/"broke"/"recipe.yaml")

@@ -31,8 +31,9 @@ from .loss_kernels import (
 _all_ = ["token_logprobs", "sequence_logprobs", "linear_cross_entropy", "linear_token_logprobs", "linear_pair_loss"]
 
 # %% auto #0
-__all__ = ['SDPO_CRITERIA', 'REPLAY_CRITERIA', 'LOSS_OPTIONS', 'SDPO_KEYS', 'DPO_KEYS', 'DPO_REF_KEYS', 'dpo_loss',
-           'sdpo_alignment', 'SDPOCriterion', 'ReplayCriterion', 'LossConfig', 'LossComponents',
+__all__ = ['SDPO_CRITERIA', 'dpo_criterion', 'simpo_criterion', 'REPLAY_CRITERIA', 'LOSS_OPTIONS', 'SDPO_KEYS', 'DPO_KEYS',
+           'DPO_REF_KEYS', 'dpo_loss', 'sdpo_alignment', 'sdpo_jsd_criterion', 'sdpo_taid_criterion',
+           'sdpo_entropy_opd_criterion', 'SDPOCriterion', 'ReplayCriterion', 'LossConfig', 'LossComponents',
            'model_sequence_logprobs', 'sdpo_channel_loss', 'replay_channel_loss', 'compose_loss', 'token_logprobs',
            'sequence_logprobs', 'linear_cross_entropy', 'linear_token_logprobs', 'linear_pair_loss']
 
@@ -76,27 +77,27 @@ def sdpo_alignment(
     return rows, s_pos - 1, t_pos - 1
 
 # %% ../nbs/06b_loss.ipynb #54076ffc
-def _sdpo_jsd(student, teacher, config, lm_head=None):
+def sdpo_jsd_criterion(student, teacher, config, lm_head=None):
     "Generalized JSD (`generalized_jsd_loss`; chunked: `linear_generalized_jsd_loss` with a no-grad teacher head)."
     kw = dict(beta=config.sdpo_jsd_beta, temperature=config.sdpo_temperature, token_clip=config.sdpo_token_clip)
     if lm_head is None: return generalized_jsd_loss(student, teacher, **kw)
     return linear_generalized_jsd_loss(student, teacher, lm_head, **kw, chunk_size=config.chunk_size, teacher_weight=lm_head.detach())
 
 # the chunked kernels see h @ W.T, which is finite: they skip the guards for masked (-inf) logits
-def _sdpo_taid(student, teacher, config, lm_head=None):
+def sdpo_taid_criterion(student, teacher, config, lm_head=None):
     "TAID at `config.taid_t` (`taid_loss`; chunked: its per-token kernel)."
     t = config.taid_t
     if lm_head is None: return taid_loss(student, teacher, t=t)
     return linear_pair_loss(lambda zs, zt: taid_per_token(zs, zt, t, finite=True), student, teacher, lm_head, chunk_size=config.chunk_size)
 
-def _sdpo_entropy_opd(student, teacher, config, lm_head=None):
+def sdpo_entropy_opd_criterion(student, teacher, config, lm_head=None):
     "Entropy-aware OPD (`entropy_aware_opd_loss`; chunked: its per-token kernel)."
     kw = dict(h_max=config.entropy_opd_h_max, temperature=config.sdpo_temperature)
     if lm_head is None: return entropy_aware_opd_loss(student, teacher, **kw)
     return linear_pair_loss(lambda zs, zt: entropy_aware_opd_per_token(zs, zt, **kw, finite=True), student, teacher, lm_head,
                             chunk_size=config.chunk_size)
 
-SDPO_CRITERIA = {"none": _sdpo_jsd, "taid": _sdpo_taid, "entropy_opd": _sdpo_entropy_opd}
+SDPO_CRITERIA = {"none": sdpo_jsd_criterion, "taid": sdpo_taid_criterion, "entropy_opd": sdpo_entropy_opd_criterion}
 
 class SDPOCriterion(NamedTuple):
     "A channel-2 criterion with options of its own (a plain function is a criterion without); called like its `fn`."
@@ -119,8 +120,8 @@ def _replay_simpo(chosen, rejected, ref_chosen, ref_rejected, config):
     "Reference-free SimPO on length-normalized log-probs."
     return simpo_loss(chosen, rejected, beta=config.simpo_beta, gamma=config.simpo_gamma)
 
-_dpo, _simpo = ReplayCriterion(_replay_dpo), ReplayCriterion(_replay_simpo, average=True, needs_reference=False)  # (setup.py's entry points)
-REPLAY_CRITERIA = {"dpo": _dpo, "simpo": _simpo}
+dpo_criterion, simpo_criterion = ReplayCriterion(_replay_dpo), ReplayCriterion(_replay_simpo, average=True, needs_reference=False)  # the built-in criteria (settings.ini's entry points)
+REPLAY_CRITERIA = {"dpo": dpo_criterion, "simpo": simpo_criterion}
 
 _CHANNEL_KIND = {"sdpo_wrapper": "sdpo_criteria", "dpo_variant": "replay_criteria"}   # option -> plugins.PLUGIN_GROUPS kind
 

@@ -17,7 +17,7 @@ from .hint_generator import match_tool_results, tool_calls_of
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester
 from .trainer.data_collator import assistant_spans, render_conversation
 from .trainer.messages import check_tools, encode_text, plain_text
-from .trainer.windows import _fit, _step_points
+from .trainer.windows import first_fit, step_points
 
 # %% auto #0
 __all__ = ['EvalResult', 'evaluate_agent', 'hint_gaps', 'eval_command', 'Z95', 'CI_METHOD', 'MARGINS', 'BOOTSTRAP',
@@ -95,11 +95,11 @@ def _encode(tokenizer, text): return encode_text(tokenizer, [text])[0]   # a ren
 
 def _step_prompt(tokenizer, messages, tools, cap):
     "The generation prompt (marked) of the system prompt, the task and the latest whole agent steps that fit in `cap` tokens; None if not even the latest step fits."
-    head, task, starts = _step_points(list(messages))
+    head, task, starts = step_points(list(messages))
     sys_task = list(messages[:head]) + ([messages[task]] if task is not None else [])
     tails = [sys_task + list(messages[s:]) for s in starts]
     build = lambda c: render_conversation(tokenizer, tails[c], add_generation_prompt=True, tools=tools, protect=True)
-    text, c = _fit(build, len(tails), lambda t: len(_encode(tokenizer, t)) <= cap)
+    text, c = first_fit(build, len(tails), lambda t: len(_encode(tokenizer, t)) <= cap)
     return (text, tails[c]) if len(_encode(tokenizer, text)) <= cap else None
 
 _CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"

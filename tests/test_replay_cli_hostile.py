@@ -314,7 +314,7 @@ def test_max_tool_calls_is_an_option(tmp_path):
 
 
 def test_an_unexpected_error_is_one_line_naming_the_stage(tmp_path, monkeypatch):
-    import composer_replication.recipe as recipe_mod
+    import composer_replication.recipe_build as recipe_mod
     write_states(tmp_path/"states.jsonl", 2)
     (tmp_path/"r.yaml").write_text(f"model: tiny\noutput_dir: {tmp_path/'run'}\ndata:\n  states: {tmp_path/'states.jsonl'}\n")
     def boom(r, progress=True): raise RuntimeError("size mismatch for lm_head.weight: " + "x" * 2000)

@@ -23,7 +23,7 @@ from ..loss import _check_model, _model_vocab, _pair_logprobs, _replay_inputs
 from .messages import (
     TokenizerLike, TraceTurn, assistant_spans, check_tools, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
 from .windows import (
-    SOLUTION_SOURCES, _cut_points, _empty, _fit, _step_points, part_row, shared_prompt_sides, solutions, trace_windows, window_tokens)
+    SOLUTION_SOURCES, cut_points, is_empty_assistant, first_fit, step_points, part_row, shared_prompt_sides, solutions, trace_windows, window_tokens)
 _all_ = ["TraceTurn", "TokenizerLike", "render_conversation", "assistant_spans", "tokenize_conversation", "messages_from_turns", "trace_windows"]
 
 # %% auto #0
@@ -95,9 +95,9 @@ def _where(b:int, ex) -> str:
 def _trainable(msgs:list[dict], stats:Counter) -> list[int]:
     "Indices of the messages kept: empty assistant messages and assistant messages before any system/user/tool one are dropped and counted."
     first = next((j for j, m in enumerate(msgs) if m["role"] != "assistant"), len(msgs))
-    keep = [j for j, m in enumerate(msgs) if j >= first and not _empty(m)]
+    keep = [j for j, m in enumerate(msgs) if j >= first and not is_empty_assistant(m)]
     stats["unprompted_assistant_turns_dropped"] += first
-    stats["empty_assistant_turns_dropped"] += sum(_empty(m) for m in msgs[first:])
+    stats["empty_assistant_turns_dropped"] += sum(is_empty_assistant(m) for m in msgs[first:])
     return keep
 
 def _reward(r, where:str, key:str) -> float|None:
@@ -182,7 +182,7 @@ class ComposerDataCollator:
 
     def _student_teacher(self, msgs:list[dict], sites:dict[int, list[str]], tools=None):
         "Tokenized (student, teacher, student targets, teacher targets) of the latest turns that fit."
-        L, head, cands = self.config.max_seq_len, *_cut_points(msgs)
+        L, head, cands = self.config.max_seq_len, *cut_points(msgs)
         def build(c):
             keep = list(range(head)) + list(range(cands[c], len(msgs)))
             s_msgs = [msgs[k] for k in keep]
@@ -195,10 +195,10 @@ class ComposerDataCollator:
             if not sites: return (s_ids, s_own, s_ids, s_own)
             t_ids, t_own = tokenize_conversation(self.tokenizer, t_msgs, tools)
             return (s_ids, s_own, t_ids, [t_of[o] if o >= 0 else -1 for o in t_own])
-        (s_ids, s_own, t_ids, t_own), c = _fit(build, len(cands), lambda r: len(r[0]) <= L)   # channel 1 first: the latest turns that fit
+        (s_ids, s_own, t_ids, t_own), c = first_fit(build, len(cands), lambda r: len(r[0]) <= L)   # channel 1 first: the latest turns that fit
         if c > 0: self.stats["rows_turns_dropped"] += 1
         if len(t_ids) > L:   # the hints do not fit with the same turns: the teacher drops older turns of its own (earlier targets are lost, counted)
-            (_, _, t_ids, t_own), c2 = _fit(lambda k: build(c + k), len(cands) - c, lambda r: len(r[2]) <= L)
+            (_, _, t_ids, t_own), c2 = first_fit(lambda k: build(c + k), len(cands) - c, lambda r: len(r[2]) <= L)
             self.stats["teacher_turns_dropped"] += 1
         whole = Counter(o for o in s_own if o in sites)  # target tokens before any token cut
         if len(s_ids) > L or len(t_ids) > L:
@@ -225,7 +225,7 @@ class ComposerDataCollator:
             else: act = clean_text(p[k], self.stats)
             m = action_to_message(act, self.config.keep_thinking)
             acts.append(messages_from_turns([m], f"{w}.{k}", "message", self.stats)[0])
-        return None if any(_empty(m) for m in acts) else (prompt, acts)
+        return None if any(is_empty_assistant(m) for m in acts) else (prompt, acts)
 
     def _pairs(self, ex:dict, where:str, tools=None) -> list[tuple]:
         "(chosen, rejected) sides of an example's DPO pairs, sharing one prompt; a pair with an empty action or a response alone too long is dropped and counted."

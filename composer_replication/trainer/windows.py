@@ -15,25 +15,26 @@ from .messages import (
     TokenizerLike, check_tools, canonical_arguments, messages_from_turns, render_conversation, tokenize_conversation)
 
 # %% auto #0
-__all__ = ['SOLUTION_SOURCES', 'SOLUTION_CHARS', 'shared_prompt_sides', 'describe_action', 'solutions', 'turn_parts',
-           'window_tokens', 'part_row', 'trace_windows']
+__all__ = ['SOLUTION_SOURCES', 'SOLUTION_CHARS', 'cut_points', 'step_points', 'first_fit', 'is_empty_assistant',
+           'shared_prompt_sides', 'describe_action', 'solutions', 'turn_parts', 'window_tokens', 'part_row',
+           'trace_windows']
 
 # %% ../../nbs/19b_trainer.windows.ipynb #656b11fd
-def _cut_points(messages:list[dict]) -> tuple[int, list[int]]:
+def cut_points(messages:list[dict]) -> tuple[int, list[int]]:
     "(number of leading system messages kept, candidate start indices of the kept tail: user turns, oldest first)."
     head = 0
     while head < len(messages) and messages[head]["role"] == "system": head += 1
     return head, [head] + [i for i in range(head+1, len(messages)) if messages[i]["role"] == "user"]
 
-def _step_points(messages:list[dict]) -> tuple[int, int|None, list[int]]:
+def step_points(messages:list[dict]) -> tuple[int, int|None, list[int]]:
     "(number of leading system messages, index of the task (the first user turn after them) or None, starts of the agent steps after the task, oldest first: every user turn and every assistant turn that opens a step)."
-    head, _ = _cut_points(messages)
+    head, _ = cut_points(messages)
     task = head if head < len(messages) and messages[head]["role"] == "user" else None
     start = head + (task is not None)
     return head, task, [start] + [i for i in range(start+1, len(messages))
                                   if messages[i]["role"] == "user" or (messages[i]["role"] == "assistant" and messages[i-1]["role"] != "assistant")]
 
-def _fit(build:Callable[[int], Any], n_cands:int, fits:Callable[[Any], bool]):
+def first_fit(build:Callable[[int], Any], n_cands:int, fits:Callable[[Any], bool]):
     "Smallest candidate index whose build fits (builds are monotone: later cuts are shorter); else the last build."
     lo, hi, best = 0, n_cands - 1, None
     first = build(0)
@@ -45,7 +46,7 @@ def _fit(build:Callable[[int], Any], n_cands:int, fits:Callable[[Any], bool]):
         else: lo = mid + 1
     return best if best is not None else (build(n_cands - 1), n_cands - 1)
 
-def _empty(m:dict) -> bool:
+def is_empty_assistant(m:dict) -> bool:
     "An assistant message with neither text nor tool calls: it has no tokens to train and some templates cannot delimit it."
     return m["role"] == "assistant" and not m["content"] and not m.get("tool_calls")
 
@@ -76,7 +77,7 @@ def shared_prompt_sides(tokenizer:TokenizerLike, # has a chat template
                        ) -> list[tuple[list[int], list[int]]]|None: # per action (ids, response mask); None: a response alone does not fit
     "Every action as the reply to ONE prompt, token for token: the cut is chosen once, for the longest side, keeping the system prompt, the task and the latest whole agent steps."
     stats = stats if stats is not None else Counter()
-    head, task, starts = _step_points(prompt)
+    head, task, starts = step_points(prompt)
     sys_task = prompt[:head] + ([prompt[task]] if task is not None else [])
     side = lambda p, a: tokenize_conversation(tokenizer, p + [a], tools)
     lens = [sum(o == len(sys_task) for o in side(sys_task, a)[1]) for a in actions]   # response tokens of each action
@@ -84,7 +85,7 @@ def shared_prompt_sides(tokenizer:TokenizerLike, # has a chat template
     longest = actions[max(range(len(actions)), key=lambda k: lens[k])]
     tails = [sys_task + list(prompt[s:]) for s in starts]
     n_tok = lambda p: len(side(p, longest)[0])
-    kept, c = _fit(lambda c: tails[c], len(tails), lambda p: n_tok(p) <= max_len)
+    kept, c = first_fit(lambda c: tails[c], len(tails), lambda p: n_tok(p) <= max_len)
     if c > 0: stats["dpo_sides_steps_dropped"] += 1
     if n_tok(kept) > max_len:   # the last resort: cut inside the longest message of the latest step (or the task)
         kept = _cut_inside(kept, n_tok, max_len, protected=set())
@@ -181,7 +182,7 @@ def window_tokens(tokenizer:TokenizerLike, # has a chat template
                  ) -> tuple[list[int], list[int], int]: # (ids, 1 on each token trained, tokens of the head)
     "A window's tokens, which of them train (turns without `train: False`), and how many open it as its head (tools, system prompt, task)."
     ids, own = tokenize_conversation(tokenizer, messages, tools)
-    n_sys, task, _ = _step_points(messages)
+    n_sys, task, _ = step_points(messages)
     hids = tokenize_conversation(tokenizer, messages[:n_sys + (task is not None)], tools)[0] if n_sys + (task is not None) else []
     h = next((t for t, (x, y) in enumerate(zip(ids, hids)) if x != y), min(len(ids), len(hids)))
     return ids, [int(o >= 0 and messages[o].get("train", True)) for o in own], h
@@ -201,7 +202,7 @@ def part_row(ids:list[int], # a window's tokens (`window_tokens`)
 
 def _parts_of(win, tokenizer, tools, L, reserve) -> list[tuple[int, int, int]]:
     "The parts (i, n, context) of a window too long even for its target step alone; [] when its head leaves no room for a slice."
-    ids, trained, h = window_tokens(tokenizer, [m for m in messages_from_turns(win) if not _empty(m)], tools)
+    ids, trained, h = window_tokens(tokenizer, [m for m in messages_from_turns(win) if not is_empty_assistant(m)], tools)
     last = max((t for t, x in enumerate(trained) if x), default=-1)
     if last < 0 or h > L - 32: return []
     context = min(reserve, (L - h) // 2)
@@ -268,11 +269,11 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
     if total <= 0.9 * L or (total <= 1.15 * L and n_tok(turns) <= L):
         stats["windows"] += 1; return [example]
     sols = solutions(msgs, example.get("dpo_pairs"), solution_sources) if solution_sources else {}
-    head_n, task, starts = _step_points(msgs)
+    head_n, task, starts = step_points(msgs)
     head = list(range(head_n)) + ([task] if task is not None else [])
     bounds = starts + [len(msgs)]
     steps = [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
-    is_target = lambda j: msgs[j]["role"] == "assistant" and msgs[j].get("train", True) and not _empty(msgs[j])
+    is_target = lambda j: msgs[j]["role"] == "assistant" and msgs[j].get("train", True) and not is_empty_assistant(msgs[j])
     tgt_steps = [any(is_target(j) for j in s) for s in steps]
     cost = lambda s: sum(est[j] for j in steps[s])
     budget = L - sum(est[j] for j in head) - tools_cost - 8

@@ -54,7 +54,7 @@ def run_pytest(fast: bool) -> tuple[int, int]:
         return 0, 0
     with tempfile.TemporaryDirectory() as d:
         xml = Path(d) / "junit.xml"
-        cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}"]
+        cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "--durations=30", f"--junitxml={xml}"]
         if fast:
             cmd += ["-m", "not slow"]
         rc = subprocess.run(cmd, cwd=ROOT).returncode

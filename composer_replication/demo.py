@@ -17,27 +17,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .sample import SAMPLE_FIXES, SAMPLE_SESSION, SCRIPTED_TEACHERS, scripted_actions, scripted_policies
 from .behaviour import behaviour_report, behaviour_snapshot, error_sites, format_behaviour, plot_behaviour, short_action
 
 if TYPE_CHECKING: from composer_replication.loss import LossConfig
 
 # %% auto #0
-__all__ = ['SAMPLE_SESSION', 'SAMPLE_FIXES', 'SCRIPTED_TEACHERS', 'AGREEMENT_THRESHOLD', 'FLAGS', 'DEFAULT_STUDENT',
-           'DEMO_STUDENTS', 'DEMO_SIZES', 'LORA_LR', 'DEMO_WEIGHTS', 'demo_sizes', 'DemoInputError', 'DemoConfig',
-           'parse_teachers', 'scripted_actions', 'scripted_policies', 'run_demo']
+__all__ = ['AGREEMENT_THRESHOLD', 'FLAGS', 'DEFAULT_STUDENT', 'DEMO_STUDENTS', 'DEMO_SIZES', 'LORA_LR', 'DEMO_WEIGHTS',
+           'demo_sizes', 'DemoInputError', 'DemoConfig', 'parse_teachers', 'run_demo']
 
 # %% ../nbs/40_demo.ipynb #a8ec27d1
-SAMPLE_SESSION = Path(importlib.resources.files("composer_replication"))/"assets"/"sample_session"/"demo-calc-fix.jsonl"
-# Known fixes for the shipped sample: state index -> the action a careful agent takes there.
-SAMPLE_FIXES = {
-    2: '[TOOL_USE] name=Edit input={"file_path": "/home/user/calc/calc/core.py", "new_string": "    return a + b", "old_string": "    return a - b"}',
-    6: '[TOOL_USE] name=Read input={"file_path": "/home/user/calc/tests/test_calc.py"}',
-}
-SCRIPTED_TEACHERS = [  # slug, USD per million input / output tokens (billed by the local server)
-    {"slug": "demo/teacher-a", "input_per_mtok": 3.0, "output_per_mtok": 15.0},
-    {"slug": "demo/teacher-b", "input_per_mtok": 1.0, "output_per_mtok": 4.0},
-    {"slug": "demo/teacher-c", "input_per_mtok": 0.2, "output_per_mtok": 0.8},
-]
 AGREEMENT_THRESHOLD = 2  # teachers that must agree on an action the student did not take to make a DPO pair
 FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
@@ -249,39 +238,6 @@ def parse_teachers(spec:str, # "slug[@in/out],..." or "http(s)://host/v1,model[@
         else: raise _bad("teachers", f"no price known for {slug!r}: write it as {slug}@IN/OUT (USD per million tokens) so the budget can be enforced")
         out.append({"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout})
     return base, out
-
-# %% ../nbs/40_demo.ipynb #6c4faf45
-def _failed(states, i) -> bool:
-    "Did the tool call of state i's action fail (its result, in the next state's history, is an error)?"
-    if i + 1 >= len(states): return False
-    n = len(states[i]["messages"]) + 1
-    return any(m.get("role") == "tool" and m.get("is_error") for m in states[i + 1]["messages"][n:])
-
-def scripted_actions(states:list[dict], # the trace
-                     fixes:dict[int, str]|None=None, # state index -> corrected action (None: hindsight)
-                    ) -> dict[int, str]: # state index -> the corrected action at failed steps
-    "The action a teacher prefers at each failed step: a known fix, or the student's own next action (hindsight)."
-    if fixes is not None: return dict(fixes)
-    return {i: states[i + 1]["student_action"] for i in range(len(states)) if _failed(states, i)}
-
-def scripted_policies(states:list[dict], # the trace being replayed
-                      corrected:dict[int, str], # state index -> corrected action
-                      teachers:list[dict]=SCRIPTED_TEACHERS, # three teacher specs (prices are billed)
-                     ) -> dict:
-    "ModelPolicies for the local TeacherServer: two teachers give the corrected action, one a generic reply."
-    from composer_replication.teacher_server import ModelPolicy
-    from composer_replication.ingestion.core import action_to_message
-    by_len = {len(s["messages"]): i for i, s in enumerate(states)}
-    def policy(k):
-        def reply(body):
-            i = by_len.get(len(body.get("messages", [])))
-            if i is None: return "I need more context to continue."
-            act = corrected.get(i, states[i]["student_action"])
-            if k == 2 and i in corrected: act = "Let me first check the current state of the repository."
-            return action_to_message(act)
-        return reply
-    return {t["slug"]: ModelPolicy(reply=policy(k), input_per_mtok=t["input_per_mtok"], output_per_mtok=t["output_per_mtok"])
-            for k, t in enumerate(teachers)}
 
 # %% ../nbs/40_demo.ipynb #6f1b413e
 def _plot(metrics:list[dict], results:list[dict], states:list[dict], path:Path):

@@ -1,7 +1,7 @@
 """The `composer-replication` console script from fresh processes: bad input is exit status 2 and one line on stderr.
 
 The flag checks themselves (DemoConfig, parse_teachers, the argument parser, a hypothesis property over `main`) are
-lesson cells in nbs/40_demo.ipynb and nbs/41_cli.ipynb; here are the cases that need the run's preflight (a file that
+lesson cells in nbs/40_demo.ipynb and nbs/42_cli.ipynb; here are the cases that need the run's preflight (a file that
 holds no session, a model folder that does not load, OpenRouter without a key, a run folder that cannot be made),
 `ingest`, and one real run with `--model` pointing at a saved model folder.
 """

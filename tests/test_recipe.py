@@ -1,7 +1,7 @@
 """Recipe files end to end: `train --config` on the recipe of a demo run reproduces its training, and a GRPO recipe trains.
 
 The recipe module's own checks (keys, values, paths, preflight) are lesson cells in nbs/27_recipe.ipynb; the staged commands
-are in nbs/41b_cli_stages.ipynb. These two need the demo (a higher layer than the recipe module) or take longer.
+are in nbs/41_cli_stages.ipynb. These two need the demo (a higher layer than the recipe module) or take longer.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def uses_tool(completions, **kw):
 @pytest.mark.slow
 def test_grpo_recipe_trains(tmp_path, monkeypatch):
     pytest.importorskip("trl")
-    from composer_replication.demo import SAMPLE_FIXES, SAMPLE_SESSION
+    from composer_replication.sample import SAMPLE_FIXES, SAMPLE_SESSION
     from composer_replication.ingestion.claude_code import ClaudeCodeIngester
     from composer_replication.jsonl import write_jsonl
     (tmp_path/"my_rewards.py").write_text(REWARD)
@@ -205,7 +205,7 @@ def test_grpo_recipe_with_a_users_environment(tmp_path, monkeypatch):
 def test_preflight_refuses_before_the_model_loads(tmp_path, monkeypatch, change, needles):
     "Issue 35.4: an unknown tracker, or an empty file for a channel with weight > 0, is exit 2 naming the key (and the file), nothing loaded or written."
     from composer_replication import recipe_build
-    from composer_replication.demo import SAMPLE_SESSION
+    from composer_replication.sample import SAMPLE_SESSION
     from composer_replication.ingestion.claude_code import ClaudeCodeIngester
     from composer_replication.jsonl import write_jsonl
     write_jsonl(tmp_path/"states.jsonl", list(ClaudeCodeIngester().ingest(SAMPLE_SESSION)))

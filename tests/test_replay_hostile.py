@@ -260,7 +260,7 @@ def test_slow_drip_is_cut_off_at_timeout_s(transport, mode):
                                transport=transport, progress=False))
         wall = time.perf_counter() - t0
         assert (srv.count("t/good"), srv.count("t/slow")) == (2, 4)
-    assert wall < 4.0, wall                 # 2 attempts x 0.6 s (the states run in parallel); the drip alone would take 100 s
+    assert wall < 20.0, wall                # 2 attempts x 0.6 s (the states run in parallel); the drip alone would take 100 s (a loaded machine is slower)
     assert [r["response_text"] for r in res] == ["fine", None, "fine", None]
     for r in res[1::2]:
         assert "timed out: no complete answer within timeout_s=0.6 s" in r["error"] and "after 2 attempt(s)" in r["error"], r["error"]

@@ -242,7 +242,7 @@ def test_concurrency_reaches_and_respects_the_limit(client_kind):
         wall = time.perf_counter() - t0
         assert srv.max_in_flight == 64
     assert len(res) == 192 and {r["error"] for r in res} == {None}
-    assert wall < 192 * 0.05 / 2, wall      # far from serial (9.6 s); loose, since a loaded 2-core machine slows the client too
+    assert wall < 192 * 0.05, wall          # max_in_flight shows the concurrency; this, that the latencies did not add up (serial: 9.6 s)
 
 
 def test_aiohttp_transport_end_to_end():

@@ -17,7 +17,7 @@ trl = pytest.importorskip("trl")
 
 from composer_replication.cli import main  # noqa: E402
 from composer_replication.cli_stages import TRL_COLUMNS  # noqa: E402
-from composer_replication.demo import SAMPLE_FIXES, SAMPLE_SESSION, SCRIPTED_TEACHERS, scripted_actions, scripted_policies  # noqa: E402
+from composer_replication.sample import SAMPLE_FIXES, SAMPLE_SESSION, SCRIPTED_TEACHERS, scripted_actions, scripted_policies  # noqa: E402
 from composer_replication.teacher_server import TeacherServer  # noqa: E402
 
 

@@ -11,9 +11,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def render() -> str:
-    "The README text: the index notebook's markdown cells, in order."
+    "The README text: the index notebook's markdown cells and its shown code cells (as Python blocks), in order."
     nb = json.loads((ROOT / "nbs/index.ipynb").read_text(encoding="utf-8"))
-    cells = ["".join(c["source"]).strip() for c in nb["cells"] if c["cell_type"] == "markdown"]
+    cells = []
+    for c in nb["cells"]:
+        src = "".join(c["source"]).strip()
+        if c["cell_type"] == "markdown": cells.append(src)
+        elif c["cell_type"] == "code" and not src.startswith("#|"): cells.append(f"```python\n{src}\n```")
     head = "<!-- Generated from nbs/index.ipynb by tools/readme.py: edit the notebook, then run the tool. -->\n\n"
     return head + "\n\n".join(cells) + "\n"
 

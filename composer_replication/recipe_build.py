@@ -336,7 +336,7 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
         reward = None if g.reward is None else _import_callable(g.reward, "grpo.reward")
         cls, prompts, more = ComposerReplicationTrainer, None, {}
         if g.environment is not None:   # on-policy: multi-turn rollouts in the environment, channel 2 on the student's own errors
-            from composer_replication.environments import OnPolicyComposerTrainer
+            from composer_replication.on_policy import OnPolicyComposerTrainer
             factory, prompts = _environment(recipe)
             cls, more = OnPolicyComposerTrainer, {"environment_factory": factory}
             if recipe.collator["hint_generator"] is not None: more["hint_generator"] = collator.config.hint_generator

@@ -6,7 +6,7 @@
 Every rollout starts at a planted error of a recovery task (`environments.suite_tasks(..., kinds=("recovery",))`): the
 recorded prefix ends at the failing tool call, the student writes the next turns, the environment (the suite's simulated
 Claude Code tools) answers, and the episode's reward is the task's success in [0, 1] (right first call, task solved) minus
-0.1 per failed call. `environments.OnPolicyComposerTrainer` adds channel 2 on the student's own rollouts (a hint after
+0.1 per failed call. `on_policy.OnPolicyComposerTrainer` adds channel 2 on the student's own rollouts (a hint after
 each of its failed calls, with the solution when a rollout of the same task in the group found it) and channel 3 on
 pairs at the train split's recovery states (the right call against the recorded distractor). It writes
 `on_policy.json` (settings, per-step times and metrics, the reward curve) into --out.
@@ -48,9 +48,10 @@ def run(s:Settings, out:Path, work:Path) -> dict:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig
     from trl.chat_template_utils import qwen3_template
-    from composer_replication.environments import OnPolicyComposerTrainer, suite_dataset, suite_environment, suite_tasks
+    from composer_replication.environments import suite_dataset, suite_environment, suite_tasks
     from composer_replication.hint_generator import dispatch
     from composer_replication.models import load_student
+    from composer_replication.on_policy import OnPolicyComposerTrainer
     from composer_replication.recipe_build import train_top_layers
     from composer_replication.task_suite import load_expected, make_task_suite, suite_ingester
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states

@@ -1,5 +1,5 @@
 """FSDP2 (torch's fully_shard) on CPU, 2 gloo processes, for tests/test_ddp.py: the three-channel loss run as the sharded root's forward
-(composer_trainer._inside_forward, as the trainers run it), each channel weighted by its global count, a few SGD steps; the gathered weights
+(trainer.channels.run_as_forward, as the trainers run it), each channel weighted by its global count, a few SGD steps; the gathered weights
 and the global channel values are compared with one process over the same rows. (accelerate itself does not shard on a CPU, so the
 trainers cannot be launched under FSDP here: this exercises the loss path FSDP runs on GPUs.)"""
 import argparse, json, os, sys
@@ -20,7 +20,7 @@ def main():
     from composer_replication.hint_generator import dispatch
     from composer_replication.loss import LossConfig, compose_loss
     from composer_replication.tiny import tiny_causal_lm, tiny_tokenizer
-    from composer_replication.trainer.composer_trainer import _inside_forward
+    from composer_replication.trainer.channels import run_as_forward
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, precompute_ref_logprobs
     world = int(os.environ.get("WORLD_SIZE", "1")); rank = int(os.environ.get("RANK", "0"))
     tok = tiny_tokenizer()
@@ -47,7 +47,7 @@ def main():
     share = local / total * world           # FSDP (like DDP) averages the gradients over processes
     logs = []
     for _ in range(a.steps):
-        c = _inside_forward(model, model, lambda: compose_loss(model, batch, cfg))
+        c = run_as_forward(model, model, lambda: compose_loss(model, batch, cfg))
         parts = torch.stack([c.lm_ce, c.sdpo_jsd, c.trace_replay_dpo]) * share.float()
         loss = parts[0] + 0.5 * parts[1] + 0.5 * parts[2]
         opt.zero_grad(); loss.backward(); opt.step()

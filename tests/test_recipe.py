@@ -175,7 +175,7 @@ class Counter:
 def test_grpo_recipe_with_a_users_environment(tmp_path, monkeypatch):
     "grpo.environment names a user's TRL environment_factory by module:attr; its prompts are data.prompts, its reward get_reward()."
     pytest.importorskip("trl")
-    from composer_replication.environments import OnPolicyComposerTrainer
+    from composer_replication.on_policy import OnPolicyComposerTrainer
     from composer_replication.jsonl import write_jsonl
     from composer_replication.recipe_build import build_trainer
     (tmp_path/"my_env.py").write_text(ENV)

@@ -9,7 +9,8 @@ import copy
 import json
 import os
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import TrainerCallback
@@ -20,7 +21,8 @@ from ..loss import REPLAY_CRITERIA, LossConfig
 from .data_collator import precompute_ref_logprobs
 
 # %% auto #0
-__all__ = ['is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs']
+__all__ = ['TAID_SCHEDULER_FILE', 'is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs', 'run_as_forward',
+           'ChannelTrainerMixin', 'TAIDSchedulerCallback', 'resume_taid_scheduler']
 
 # %% ../../nbs/20b_trainer.channels.ipynb #c4a10006
 def is_adapter_model(model) -> bool:
@@ -44,7 +46,10 @@ def adapter_free_ref_logprobs(model:torch.nn.Module, # a peft model (`is_adapter
     finally: model.train(was)
 
 # %% ../../nbs/20b_trainer.channels.ipynb #c4a10009
-def _inside_forward(wrapper, module, fn):
+def run_as_forward(wrapper:torch.nn.Module, # what the trainer calls: the DDP/FSDP wrapper, or `module` itself
+                   module:torch.nn.Module, # the model inside `wrapper` (`accelerator.unwrap_model`)
+                   fn:Callable[[], Any], # the loss: calls `module` (and its parts) as often as it needs
+                  ) -> Any: # what `fn()` returns
     "`fn()` run as `wrapper`'s forward pass (DDP arms its gradient hooks, FSDP gathers the root's parameters); `fn()` alone when nothing wraps or hooks `module`."
     if wrapper is module and not (module._forward_pre_hooks or module._forward_hooks): return fn()   # FSDP2 shards in place: its hooks are on the module
     own = module.__dict__.get("forward")   # accelerate may have put a wrapped forward (autocast) on the instance
@@ -59,13 +64,13 @@ def _inside_forward(wrapper, module, fn):
     finally: restore()
 
 # %% ../../nbs/20b_trainer.channels.ipynb #c4a10012
-_TAID_FILE = "taid_scheduler.json"
+TAID_SCHEDULER_FILE = "taid_scheduler.json"   # the TAID scheduler's state, in every checkpoint folder
 
 def _mean(vals:list) -> float:
     "The mean of logged channel values (detached tensors or floats), one host transfer for all of them."
     return float(torch.stack([torch.as_tensor(v, dtype=torch.float32).detach().cpu() for v in vals]).mean())
 
-class _ChannelMixin:
+class ChannelTrainerMixin:
     "What both trainers share: the loss configuration, the reference, per-channel metrics, the TAID scheduler, the counts across processes."
     def _init_channels(self, model, config:LossConfig, *, ref_model, taid_scheduler):
         self.loss_config = config
@@ -149,9 +154,10 @@ class _ChannelMixin:
         self._channel_metrics.clear()
         return {**logs, **{k: float(v) for k, v in zip(keys, vals)}}
 
-class _TAIDCallback(TrainerCallback):
+class TAIDSchedulerCallback(TrainerCallback):
     "Update the TAID scheduler after each optimizer step (with the step's SDPO loss over all processes); save it into every checkpoint."
-    def __init__(self, trainer): self.trainer = trainer
+    def __init__(self, trainer): # the trainer (`ChannelTrainerMixin`) whose `taid_scheduler` it updates and saves
+        self.trainer = trainer
     def on_step_end(self, args, state, control, **kw):
         tr = self.trainer
         if tr.taid_scheduler is not None and tr._last_sdpo is not None:
@@ -162,14 +168,16 @@ class _TAIDCallback(TrainerCallback):
         if tr.taid_scheduler is None or not state.is_world_process_zero: return
         d = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
         os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, _TAID_FILE), "w") as f: json.dump(tr.taid_scheduler.state_dict(), f)
+        with open(os.path.join(d, TAID_SCHEDULER_FILE), "w") as f: json.dump(tr.taid_scheduler.state_dict(), f)
 
-def _resume_taid(trainer, resume_from_checkpoint):
+def resume_taid_scheduler(trainer, # a trainer with `ChannelTrainerMixin`
+                          resume_from_checkpoint:str|bool|None, # `train`'s argument: a checkpoint folder, True (the last in `output_dir`) or None
+                         ) -> None:
     "Restore the TAID scheduler from the checkpoint `train` resumes from (if it saved one)."
     ckpt = resume_from_checkpoint
     if ckpt is True: ckpt = get_last_checkpoint(trainer.args.output_dir)
     if not ckpt: return
-    path = os.path.join(ckpt, _TAID_FILE)
+    path = os.path.join(ckpt, TAID_SCHEDULER_FILE)
     if os.path.exists(path):
         trainer._taid_t()  # make the scheduler if the wrapper needs one
         with open(path) as f: trainer.taid_scheduler.load_state_dict(json.load(f))

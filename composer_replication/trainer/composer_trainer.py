@@ -23,12 +23,14 @@ from ..distillation.taid import TAIDScheduler
 from ..loss import (
     LOSS_OPTIONS, LossConfig, _loss_config, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
 from .channels import (
-    _TAID_FILE, _ChannelMixin, _inside_forward, _resume_taid, _TAIDCallback, adapter_free_ref_logprobs, is_adapter_model, loss_view)
+    TAID_SCHEDULER_FILE, ChannelTrainerMixin, TAIDSchedulerCallback, adapter_free_ref_logprobs, is_adapter_model, loss_view,
+    resume_taid_scheduler, run_as_forward)
 from .data_collator import ComposerDataCollator, precompute_ref_logprobs
 _all_ = ["is_adapter_model", "loss_view", "adapter_free_ref_logprobs"]
 
 # %% auto #0
-__all__ = ['ComposerOfflineTrainer', 'ComposerReplicationTrainer', 'is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs']
+__all__ = ['ComposerOfflineTrainer', 'ComposerReplicationTrainer', 'is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs',
+           'GRPOTrainerBase']
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #3611ef44
 _REFERENCE_KEYWORDS = ("alpha_sdpo", "beta_replay", "sdpo_jsd_beta", "sdpo_temperature", "sdpo_token_clip", "replay_dpo_beta")  # both trainers' explicit loss parameters (API reference §10)
@@ -191,7 +193,7 @@ class _DiLoCoMixin:
         finally: self._diloco_end(); self._diloco_resume = None
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #535a8236
-class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
+class ComposerOfflineTrainer(ChannelTrainerMixin, _DiLoCoMixin, Trainer):
     "Three-channel training without a reward function: LM cross-entropy + α·SDPO + β·trace-replay, via `compose_loss`."
     def __init__(self, model=None, args=None, *more,
                  alpha_sdpo:float=0.1, # weight of the SDPO channel (2); 0 disables it
@@ -216,7 +218,7 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         self._window, self._window_steps, self._micro, self._micro_counts = None, 0, 0, None
         self._same_forwards = bool(getattr(self, "is_fsdp_enabled", False))   # FSDP: stand-ins where another process runs a channel
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
-        self.add_callback(_TAIDCallback(self))
+        self.add_callback(TAIDSchedulerCallback(self))
         self._init_diloco(dl, "ComposerOfflineTrainer")
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -234,7 +236,7 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
         def loss():
             c = compose_loss(loss_view(inner), self._with_ref_logprobs(inputs, inner), self._step_config())
             return c.lm_ce, c.sdpo_jsd, c.trace_replay_dpo
-        return _inside_forward(model, inner, loss)
+        return run_as_forward(model, inner, loss)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         "`compose_loss` on the batch, each channel's mean weighted by this batch's share of the step's global count; records each channel."
@@ -263,15 +265,16 @@ class ComposerOfflineTrainer(_ChannelMixin, _DiLoCoMixin, Trainer):
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."
-        _resume_taid(self, resume_from_checkpoint)
+        resume_taid_scheduler(self, resume_from_checkpoint)
         return self._train_with_diloco(super().train, resume_from_checkpoint, **kwargs)
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #cfda19a3
 try:
-    from trl import GRPOTrainer as _GRPOBase
+    from trl import GRPOTrainer as GRPOTrainerBase   # what `ComposerReplicationTrainer` extends: TRL's GRPOTrainer (`object` without trl)
     _TRL_AVAILABLE = True
 except ImportError:  # the class still imports; building one says what to install
-    _GRPOBase, _TRL_AVAILABLE = object, False
+    GRPOTrainerBase, _TRL_AVAILABLE = object, False
+_all_ = ["GRPOTrainerBase"]
 
 def _trace_shards(n:int, # traces in the dataset
                   per_process:int, # traces per micro-batch and process
@@ -285,7 +288,7 @@ def _trace_shards(n:int, # traces in the dataset
         batch, pool = pool[:size], pool[size:]
         yield batch[rank * per_process:(rank + 1) * per_process]
 
-class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
+class ComposerReplicationTrainer(ChannelTrainerMixin, _DiLoCoMixin, GRPOTrainerBase):
     "TRL `GRPOTrainer` whose loss is GRPO + α·SDPO + β·trace-replay DPO, the trace channels fed by a side iterator."
     def __init__(self, *args,
                  alpha_sdpo:float=0.1, # weight of the SDPO channel (2); 0 disables it
@@ -318,7 +321,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
         self.trace_dataset = list(_windowed(list(trace_dataset), data_collator)) if trace_dataset is not None else None
         self._trace_iter = None
         self._same_forwards = bool(getattr(self, "is_fsdp_enabled", False))   # FSDP: stand-ins where another process runs a channel
-        self.add_callback(_TAIDCallback(self))
+        self.add_callback(TAIDSchedulerCallback(self))
         self._init_diloco(dl, where)
 
     def _next_trace_batch(self) -> dict|None:
@@ -362,7 +365,7 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
             return (super(ComposerReplicationTrainer, self)._compute_loss(inner, inputs),
                     self._compute_sdpo_loss(loss_view(inner), batch) * float(share[1]),
                     self._compute_trace_replay_loss(loss_view(inner), batch) * float(share[2]))
-        grpo, sdpo, replay = _inside_forward(model, inner, loss)
+        grpo, sdpo, replay = run_as_forward(model, inner, loss)
         ga = self.current_gradient_accumulation_steps
         m = self._channel_metrics   # detached tensors; floats at logging time (`log`), averaged over the processes there
         m["composer/grpo"].append(grpo.detach() * ga)
@@ -376,5 +379,5 @@ class ComposerReplicationTrainer(_ChannelMixin, _DiLoCoMixin, _GRPOBase):
 
     def train(self, resume_from_checkpoint=None, **kwargs):
         "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."
-        _resume_taid(self, resume_from_checkpoint)
+        resume_taid_scheduler(self, resume_from_checkpoint)
         return self._train_with_diloco(super().train, resume_from_checkpoint, **kwargs)

@@ -1,7 +1,7 @@
 """Recipe files end to end: `train --config` on the recipe of a demo run reproduces its training, and a GRPO recipe trains.
 
 The recipe module's own checks (keys, values, paths, preflight) are lesson cells in nbs/27_recipe.ipynb; the staged commands
-are in nbs/41_cli_stages.ipynb. These two need the demo (a higher layer than the recipe module) or take longer.
+are in nbs/tutorials/staged_workflow.ipynb. These two need the demo (a higher layer than the recipe module) or take longer.
 """
 from __future__ import annotations
 

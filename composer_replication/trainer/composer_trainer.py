@@ -21,7 +21,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..diloco import check_diloco_options, check_manager, make_diloco_outer_loop
 from ..distillation.taid import TAIDScheduler
 from ..loss import (
-    LOSS_OPTIONS, LossConfig, _loss_config, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
+    LOSS_OPTIONS, LossConfig, resolve_loss_config as _loss_config, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
 from .channels import (
     TAID_SCHEDULER_FILE, ChannelTrainerMixin, TAIDSchedulerCallback, adapter_free_ref_logprobs, is_adapter_model, loss_view,
     resume_taid_scheduler, run_as_forward)

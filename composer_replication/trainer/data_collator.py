@@ -19,7 +19,7 @@ import torch
 from ..hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
 from ..ingestion.core import action_to_message, as_blocks
 from ..checks import check_positive_int
-from ..loss import _check_model, _model_vocab, _pair_logprobs, _replay_inputs
+from ..loss_forward import check_model, has_replay_inputs, model_pair_logprobs, model_vocab_size
 from .messages import (
     TokenizerLike, TraceTurn, assistant_spans, check_tools, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
 from .windows import (
@@ -437,11 +437,11 @@ def precompute_ref_logprobs(ref_model:torch.nn.Module, # frozen reference policy
                            ) -> dict[str, torch.Tensor]:
     "Fill `dpo_chosen_ref_logprobs` / `dpo_rejected_ref_logprobs` (P,) with the reference model's summed response log-probs."
     if "dpo_chosen_input_ids" not in batch: return batch
-    check_positive_int(chunk_size, "chunk_size", none_ok=True); _check_model(ref_model)
-    if not _replay_inputs(batch, _model_vocab(ref_model), needs_reference=False):
+    check_positive_int(chunk_size, "chunk_size", none_ok=True); check_model(ref_model)
+    if not has_replay_inputs(batch, model_vocab_size(ref_model), needs_reference=False):
         missing = [f"dpo_{s}_{k}" for s in ("chosen", "rejected") for k in ("input_ids", "response_mask") if batch.get(f"dpo_{s}_{k}") is None]
         raise ValueError(f"batch has dpo_chosen_input_ids but lacks {missing}: a pair needs both sides' ids and response masks")
-    with torch.no_grad():   # the prompt both sides share runs once (loss._pair_logprobs)
-        pc, pr = _pair_logprobs(ref_model, batch, False, chunk_size)
+    with torch.no_grad():   # the prompt both sides share runs once (loss_forward.model_pair_logprobs)
+        pc, pr = model_pair_logprobs(ref_model, batch, False, chunk_size)
     batch["dpo_chosen_ref_logprobs"], batch["dpo_rejected_ref_logprobs"] = pc.detach(), pr.detach()
     return batch

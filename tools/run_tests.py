@@ -48,8 +48,8 @@ def run_notebooks(path: str | None, fast: bool, n_workers: int) -> tuple[int, in
     return len(files) - len(failed), len(failed), failed
 
 
-def run_pytest(fast: bool) -> tuple[int, int]:
-    "Run pytest on tests/ and count its results from a JUnit report."
+def run_pytest(fast: bool, n_workers: int = 1) -> tuple[int, int]:
+    "Run pytest on tests/ (a file's tests together, on `n_workers` pytest-xdist workers) and count its results from a JUnit report."
     if not any((ROOT / "tests").glob("test_*.py")):
         return 0, 0
     with tempfile.TemporaryDirectory() as d:
@@ -57,6 +57,8 @@ def run_pytest(fast: bool) -> tuple[int, int]:
         cmd = [sys.executable, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "--durations=30", f"--junitxml={xml}"]
         if fast:
             cmd += ["-m", "not slow"]
+        if n_workers > 1:   # many tests wait on subprocesses, servers and sandboxes: two workers keep both cores busy
+            cmd += ["-n", str(n_workers), "--dist", "loadfile"]
         rc = subprocess.run(cmd, cwd=ROOT).returncode
         if not xml.exists():
             print(f"pytest produced no report (exit {rc})")
@@ -80,7 +82,7 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     np_, nf, failed = run_notebooks(args.path, args.fast, args.n_workers)
-    pp, pf = (0, 0) if args.no_pytest else run_pytest(args.fast)
+    pp, pf = (0, 0) if args.no_pytest else run_pytest(args.fast, args.n_workers)
     if failed:
         print("failed notebooks: " + ", ".join(failed))
     passed, nfail = np_ + pp, nf + pf

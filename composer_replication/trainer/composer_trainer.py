@@ -21,7 +21,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from ..diloco import check_diloco_options, check_manager, make_diloco_outer_loop
 from ..distillation.taid import TAIDScheduler
 from ..loss import (
-    LOSS_OPTIONS, LossConfig, resolve_loss_config as _loss_config, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
+    LOSS_OPTIONS, LossConfig, resolve_loss_config, compose_loss, model_sequence_logprobs, replay_channel_loss, sdpo_channel_loss)
 from .channels import (
     TAID_SCHEDULER_FILE, ChannelTrainerMixin, TAIDSchedulerCallback, adapter_free_ref_logprobs, is_adapter_model, loss_view,
     resume_taid_scheduler, run_as_forward)
@@ -37,10 +37,10 @@ _REFERENCE_KEYWORDS = ("alpha_sdpo", "beta_replay", "sdpo_jsd_beta", "sdpo_tempe
 _REFERENCE_DEFAULTS = {k: getattr(LossConfig(), k) for k in _REFERENCE_KEYWORDS}
 
 def _trainer_loss_config(loss_config, scope:dict, kwargs:dict, where:str) -> LossConfig:
-    "The trainer's one LossConfig, by `loss._loss_config`: `loss_config`, or the loss options (the reference keywords in `scope` not at their defaults, and any other LossConfig option in `kwargs`, taken out of it); never both."
+    "The trainer's one LossConfig, by `loss_config.resolve_loss_config`: `loss_config`, or the loss options (the reference keywords in `scope` not at their defaults, and any other LossConfig option in `kwargs`, taken out of it); never both."
     options = {k: scope[k] for k in _REFERENCE_KEYWORDS if scope[k] != _REFERENCE_DEFAULTS[k]}
     options |= {k: kwargs.pop(k) for k in LOSS_OPTIONS if k in kwargs}
-    return _loss_config(loss_config, options, where, name="loss_config")
+    return resolve_loss_config(loss_config, options, where, name="loss_config")
 
 def _check_trainer_config(config, where):
     "What a config cannot mean in a trainer: a fixed TAID t (the scheduler drives it)."

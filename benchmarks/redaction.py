@@ -143,7 +143,7 @@ def main():
     ap.add_argument("--files", type=int, default=3000); ap.add_argument("--baseline", default=None)
     ap.add_argument("--detect-secrets", action="store_true"); ap.add_argument("--show", type=int, default=0)
     a = ap.parse_args()
-    from composer_replication.ingestion.core import redact_json, redact_secrets
+    from composer_replication.ingestion.redact import redact_json, redact_secrets
     files, strs = code_files(a.files), session_strings()
     res = {}
     t0 = time.process_time()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication.ingestion.core import redact_json, redact_secrets
+from composer_replication.ingestion.redact import redact_json, redact_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))

@@ -11,7 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from composer_replication.ingestion.core import redact_json, redact_secrets
+from composer_replication.ingestion.redact import redact_json, redact_secrets
 
 ROOT = Path(__file__).resolve().parents[1]
 CLEAN = ROOT / "tests" / "fixtures" / "redaction_clean"

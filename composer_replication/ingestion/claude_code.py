@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Iterator
 import orjson
 from ..jsonl import JsonlAppender, loads_line
-from .core import canonical_arguments, TraceState, action_to_message, is_tool_name, normalize_blocks, parse_student_action, redact_json, redact_secrets, render_action, tool_schemas_from_names
+from .core import canonical_arguments, TraceState, action_to_message, is_tool_name, normalize_blocks, parse_student_action, render_action, tool_schemas_from_names
+from .redact import redact_json, redact_secrets
 from .sources import Conversation, ingest_command, SYSTEM_PROMPT, IngestionStats, detect_trace_format, estimate_tokens, make_ingester, record_format, TraceSourceBase
 _all_ = ["ingest_command", "SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # the API reference names these here: re-exported by plain import

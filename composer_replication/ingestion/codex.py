@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Iterator
 import orjson
 from ..jsonl import loads_line
-from .core import canonical_arguments, TraceState, check_tools, is_tool_name, normalize_blocks, redact_json, redact_secrets, render_action, tool_schemas_from_names
+from .core import canonical_arguments, TraceState, check_tools, is_tool_name, normalize_blocks, render_action, tool_schemas_from_names
+from .redact import redact_json, redact_secrets
 from .sources import NO_RESULT, Conversation, SYSTEM_PROMPT, IngestionStats, TraceSourceBase
 
 # %% auto #0

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Protocol, runtime_checkable
 from ..jsonl import JsonlAppender, loads_line
-from .core import (TraceState, canonical_arguments, check_tools, normalize_blocks, redact_secrets,
-                                                 render_action)
+from .core import TraceState, canonical_arguments, check_tools, normalize_blocks, render_action
+from .redact import redact_secrets
 
 # %% ../../nbs/09b_ingestion.sources.ipynb #2c4efb0b
 SYSTEM_PROMPT = (

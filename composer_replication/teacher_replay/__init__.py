@@ -17,7 +17,8 @@ from typing import Any
 
 import orjson
 
-from ..ingestion.core import as_blocks, redact_json, redact_secrets, render_action
+from ..ingestion.core import as_blocks, render_action
+from ..ingestion.redact import redact_json, redact_secrets
 from .protocol import (DEFAULT_INSTRUCTION, DEFAULT_MAX_TOOL_CALLS, DEFAULT_TEACHERS,
     INVALID_ACTION, RETRY_STATUSES, DPOPair,
     TeacherCallResult, TeacherSpec, TraceState, action_problem, check_states, check_teachers, key_scrubber, openai_messages,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ..jsonl import JsonlStats, dumps_line, iter_jsonl, write_jsonl
-from ..ingestion.core import action_to_message, as_blocks, canonical_arguments, normalize_blocks, redact_secrets
+from ..ingestion.core import action_to_message, as_blocks, canonical_arguments, normalize_blocks
+from ..ingestion.redact import redact_secrets
 from .protocol import (DEFAULT_MAX_TOOL_CALLS, INVALID_ACTION, DPOPair, TeacherCallResult,
     TraceState, action_problem, check_states, openai_messages, redact_blocks, redact_messages, state_tool_names, student_blocks, type_name)
 

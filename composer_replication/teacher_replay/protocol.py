@@ -18,8 +18,8 @@ from urllib.parse import quote, urlparse
 
 import orjson
 
-from ..ingestion.core import (as_blocks, check_tools, parse_student_action, redact_json, redact_secrets,
-                                                 render_action)
+from ..ingestion.core import as_blocks, check_tools, parse_student_action, render_action
+from ..ingestion.redact import redact_json, redact_secrets
 from ..ingestion.core import TraceState
 _all_ = ["TraceState"]   # re-exported: one definition, in the ingestion module
 

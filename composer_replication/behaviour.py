@@ -38,6 +38,7 @@ def short_action(action:str|list[dict], # an action: a rendered `student_action`
     else: s = repr(" ".join(" ".join(b.get("text", "") for b in blocks if b["type"] == "text").split()))
     return _clip(s, width)
 
+# %% ../nbs/28_behaviour.ipynb #11dffabb
 def pair_margins(model, # the causal LM
                  collator, # the run's `ComposerDataCollator` (its `max_dpo_seq_len` decides what channel 3 sees)
                  states:list[dict], # the trace the pairs come from
@@ -63,6 +64,7 @@ def pair_margins(model, # the causal LM
     finally: model.train(was)
     return out
 
+# %% ../nbs/28_behaviour.ipynb #ad9993ee
 def next_actions(model, # the causal LM
                  tokenizer, # its tokenizer (with a chat template)
                  states:list[dict], # the trace
@@ -83,6 +85,7 @@ def next_actions(model, # the causal LM
     return [{"state_index": i, "action": r["predicted_action"], "short": short_action(r["predicted_action"]), "tools": r["predicted_tools"],
              "well_formed": r["well_formed"], "matches_reference": r["correct"]} for i, r in zip(sites, res.records)]
 
+# %% ../nbs/28_behaviour.ipynb #100fae1d
 def behaviour_snapshot(model, # the causal LM
                        tokenizer, # its tokenizer
                        collator, # the run's collator
@@ -100,6 +103,7 @@ def behaviour_snapshot(model, # the causal LM
     actions = next_actions(model, tokenizer, states, sites, refs, max_new_tokens=max_new_tokens)
     return {"margins": margins, "actions": actions, "seconds": time.perf_counter() - t0}
 
+# %% ../nbs/28_behaviour.ipynb #66d9cc5c
 def behaviour_report(states:list[dict], # the trace
                      pairs:list[dict], # its DPOPairs (the order of the snapshots' margins)
                      before:dict, # `behaviour_snapshot` before training
@@ -132,6 +136,7 @@ def behaviour_report(states:list[dict], # the trace
                         "well_formed_after": sum(a["after"]["well_formed"] for a in acts)},
             "seconds": {"before": before["seconds"], "after": after["seconds"]}}
 
+# %% ../nbs/28_behaviour.ipynb #41ccaf01
 def format_behaviour(report:dict, # `behaviour_report`'s dict
                      width:int=60, # characters per action
                     ) -> str: # a few lines: one per pair, two per error site
@@ -151,6 +156,7 @@ def format_behaviour(report:dict, # `behaviour_report`'s dict
     if not report["error_sites"]: lines.append("  (no error site)")
     return "\n".join(lines)
 
+# %% ../nbs/28_behaviour.ipynb #1d023be9
 def plot_behaviour(report:dict, # `behaviour_report`'s dict
                    path:str|Path, # the PNG to write
                   ):

@@ -59,6 +59,7 @@ def _cmd_demo(args) -> int:
     except DemoInputError as e: return fail(e)   # bad input found by the run's preflight; anything else: `main` reports it
     return 0
 
+# %% ../nbs/42_cli.ipynb #88faac7e
 class _Parser(argparse.ArgumentParser):
     "An ArgumentParser whose usage errors are one line on stderr (exit status 2)."
     def error(self, message): self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
@@ -93,6 +94,7 @@ def _cmd_eval(args) -> int:
                         max_states=args.max_states, batch_size=args.batch_size, device=args.device, progress=not args.quiet,
                         windows=args.windows, greedy=args.greedy, stop_at_first_call=args.first_call)
 
+# %% ../nbs/42_cli.ipynb #ef0dd1bb
 def _sources() -> list[str]:
     "The trace sources `--source` takes by name: auto, the registered ones, and those installed packages declare as entry points."
     from composer_replication.ingestion.sources import TRACE_SOURCES

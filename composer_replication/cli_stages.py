@@ -171,6 +171,7 @@ def _env_scrubber(key:str|None=None):
     a, b = key_scrubber(os.environ.get("OPENROUTER_API_KEY", "").strip() or None), key_scrubber(key)
     return lambda v: b(a(v))
 
+# %% ../nbs/41_cli_stages.ipynb #b28f7c82
 def _replay_spec(args):
     "The replay's teachers, provider, key variable and budget: the flags, over the `replay:` section of the --config recipe."
     from types import SimpleNamespace
@@ -191,6 +192,7 @@ def _endpoint(spec, base, key):
     from composer_replication.teacher_replay import make_provider
     return make_provider(spec.provider, base, key)
 
+# %% ../nbs/41_cli_stages.ipynb #92755903
 async def _until_signalled(replay, got:list):
     "Run `replay(stop)`; a SIGINT/SIGTERM sets `stop`: nothing more is sent, and the calls in flight are awaited and recorded."
     import asyncio, signal
@@ -209,6 +211,7 @@ async def _until_signalled(replay, got:list):
     finally:
         for sig, h in saved.items(): loop.remove_signal_handler(sig); signal.signal(sig, h)
 
+# %% ../nbs/41_cli_stages.ipynb #9f9ca7f7
 def _cmd_replay(args) -> int:
     import signal
     from composer_replication.demo import parse_teachers
@@ -274,6 +277,7 @@ def _cmd_replay(args) -> int:
         return _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal, prev, summary_path)
     finally: lock.__exit__(None, None, None)
 
+# %% ../nbs/41_cli_stages.ipynb #083edc9b
 def _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal, prev, summary_path) -> int:
     import asyncio, signal
     from composer_replication.teacher_replay import JournalWriteError, TeacherReplayError, replay_trace
@@ -310,6 +314,7 @@ def _replay_locked(args, states, teachers, endpoint, max_usd, plan, out, journal
     if res.not_attempted: print(f"warning: {len(res.not_attempted)} calls not attempted (budget); rerun with a higher --max-usd to resume", file=sys.stderr)
     return 0
 
+# %% ../nbs/41_cli_stages.ipynb #f50142e8
 def _cmd_pairs(args) -> int:
     from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
     from composer_replication.teacher_replay.journal import scan_journal
@@ -346,6 +351,7 @@ def _cmd_pairs(args) -> int:
                         + ("; no TRL dataset written (0 rows)" if trl else ""), file=sys.stderr)
     return 0
 
+# %% ../nbs/41_cli_stages.ipynb #ec96b6e3
 def _cmd_train(args) -> int:
     from composer_replication.recipe import RecipeError, load_recipe
     from composer_replication.recipe_build import check_recipe, train_recipe
@@ -367,6 +373,7 @@ def _cmd_train(args) -> int:
     except (RecipeError, FileNotFoundError) as e: return fail(f"{args.config}: {e}")   # found while building (bad training values, a model that does not load)
     return 0
 
+# %% ../nbs/41_cli_stages.ipynb #311311ef
 def add_stage_parsers(sub):
     "The staged workflow's subcommands: replay, pairs, train."
     s = sub.add_parser("replay", help="ask teacher LLMs for the next action at every state: budget-capped, journaled, resumable",

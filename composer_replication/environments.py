@@ -123,6 +123,7 @@ def _suite_tool(method):
     def tool(self, **arguments): return self._call(method.__name__, arguments)
     return tool
 
+# %% ../nbs/25c_environments.ipynb #12d913c7
 class TaskSuiteEnv:
     "A TRL environment over the task suite: each rollout is one episode; its tools are Claude Code's, simulated on the task's repository."
     def __init__(self,
@@ -225,6 +226,7 @@ class TaskSuiteEnv:
         "The episode's reward (TRL calls it once per rollout): success in [0, 1] minus `fail_cost` per failed call."
         return self.outcome["reward"]
 
+# %% ../nbs/25c_environments.ipynb #6b5a6945
 def suite_environment(tasks:Sequence[SuiteTask]|Mapping[str, SuiteTask], # the episodes
                       **options, # `TaskSuiteEnv` options: fail_cost, isolate_tests
                      ) -> Callable[[], TaskSuiteEnv]:

@@ -91,6 +91,7 @@ def _failing_calls(messages):
     ks = {answers[j][1] for j in failed if answers[j][0] == a}
     return _calls_only({"tool_calls": [c for k, c in enumerate(tool_calls_of(messages[a])) if k in ks]})
 
+# %% ../nbs/26_evaluation.ipynb #6dc34b54
 def _encode(tokenizer, text): return encode_text(tokenizer, [text])[0]   # a rendering with marked special spellings
 
 def _step_prompt(tokenizer, messages, tools, cap):
@@ -102,6 +103,7 @@ def _step_prompt(tokenizer, messages, tools, cap):
     text, c = first_fit(build, len(tails), lambda t: len(_encode(tokenizer, t)) <= cap)
     return (text, tails[c]) if len(_encode(tokenizer, text)) <= cap else None
 
+# %% ../nbs/26_evaluation.ipynb #e6fd7ac1
 _CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 def _after_calls(text):
@@ -126,6 +128,7 @@ def _cache_kw(model):
     except (TypeError, ValueError): return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
 
+# %% ../nbs/26_evaluation.ipynb #f3bcaeec
 def _run_batch(model, tokenizer, items, *, generate, max_new_tokens, stop_ids, device, first_call=False):
     "One left-padded batch: prefill the prompts once, score the continuations from that cache, then decode greedily."
     # returns (new-token counts, stop reasons, {side: summed log p} per item, generated texts)
@@ -198,6 +201,7 @@ class EvalResult:
         return (f"EvalResult({s['n_states']} states: recovery {f('recovery_accuracy')}, next action {f('next_action_accuracy')}, "
                 f"preference {f('preference_accuracy')}, well-formed {f('well_formed_rate')})")
 
+# %% ../nbs/26_evaluation.ipynb #666188fc
 def _known_tools(tools, rows):
     if tools is None: return set(CLAUDE_CODE_TOOLS) | {c["tool"] for r in rows for c in _row_calls(r)}
     if isinstance(tools, str) or not all(isinstance(t, str) for t in tools): raise TypeError("known_tools must be a list of tool names")

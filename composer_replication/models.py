@@ -204,6 +204,7 @@ def lora_config(spec:Mapping, # peft.LoraConfig options by their own names; thos
     try: return peft.LoraConfig(**d)
     except (TypeError, ValueError) as e: raise ValueError(f"lora: {' '.join(str(e).split())[:300]}") from None
 
+# %% ../nbs/23_models.ipynb #2cef9d2e
 @functools.cache
 def _fused_lora_linear():
     "peft's LoRA `Linear` with a forward and backward of two large GEMMs and no full-size elementwise pass (built once, when peft is first needed)."
@@ -249,6 +250,7 @@ def _fused_lora_linear():
 
     return FusedLoraLinear
 
+# %% ../nbs/23_models.ipynb #9ad7018e
 def add_lora(model, # a transformers causal LM
              lora:Mapping|Any, # LoraConfig options (`lora_config`) or a LoraConfig
              base:str|None=None, # what the adapter folder records as its base: a student name or a folder (None: peft's default, the model's name_or_path)
@@ -264,6 +266,7 @@ def add_lora(model, # a transformers causal LM
     if base is not None: pm.peft_config["default"].base_model_name_or_path = base
     return pm
 
+# %% ../nbs/23_models.ipynb #1bb3553e
 def is_adapter_folder(path:str|os.PathLike) -> bool:
     "Whether `path` is a folder of peft adapters (it holds adapter_config.json)."
     p = Path(path).expanduser()

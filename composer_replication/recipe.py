@@ -60,6 +60,7 @@ def _check_keys(d, allowed, where, see=None):
             raise recipe_error(f"{where}.{k}" if where else str(k), f"unknown key{did_you_mean(k, allowed)}; {known}")
     return dict(d)
 
+# %% ../nbs/27_recipe.ipynb #09338a73
 def _opt_str(v, key, none_ok=True):
     if v is None and none_ok: return None
     if not isinstance(v, str) or not v.strip() or "\x00" in v:
@@ -90,6 +91,7 @@ def _path(v, key, none_ok=True):
     if p.startswith("~"): raise recipe_error(key, f"{v!r:.80} starts with ~ but names no user whose home folder could replace it")
     return p
 
+# %% ../nbs/27_recipe.ipynb #d0fe6ad5
 @dataclass
 class DataSpec:
     "Where the training data is: the replay's states and pairs (and GRPO's prompts)."
@@ -104,6 +106,7 @@ class DataSpec:
         self.final_reward = _num(self.final_reward, "data.final_reward", none_ok=True)
         _int(self.repeat, "data.repeat", 1, none_ok=True)
 
+# %% ../nbs/27_recipe.ipynb #0bd92aa3
 @dataclass
 class GRPOSpec:
     "What GRPO adds (mode: grpo): the reward, the environment the rollouts act in, and the trace batches that feed channels 2 and 3."
@@ -132,6 +135,7 @@ class GRPOSpec:
         if self.environment == "sandbox" and self.tasks is None:
             raise recipe_error("grpo.tasks", "environment sandbox needs its tasks: a make_task_suite split folder or a JSONL of {repo, prompt, test_command}")
 
+# %% ../nbs/27_recipe.ipynb #d60a0eb9
 @dataclass
 class ReplaySpec:
     "Who `composer-replication replay --config RECIPE` asks: the teachers, the provider that sends, the variable holding its key, the budget."
@@ -148,6 +152,7 @@ class ReplaySpec:
             except ValueError as e: raise RecipeError(str(e)) from None
         self.max_usd = _num(self.max_usd, "replay.max_usd", 0, hi_open=True, none_ok=True)
 
+# %% ../nbs/27_recipe.ipynb #4d2ed411
 @dataclass
 class DiLoCoSpec:
     "DiLoCo outer-loop settings, read by the replicas (`composer_replication.diloco`); `train` runs one process and needs enabled: false."
@@ -182,6 +187,7 @@ def collator_config_kwargs(col:dict) -> dict:
     tuples = {f.name for f in dataclasses.fields(CollatorConfig) if isinstance(f.default, tuple)}
     return {k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in col.items()}
 
+# %% ../nbs/27_recipe.ipynb #9d40735e
 def _training_fields(mode:str) -> set[str]:
     "The options of TrainingArguments (GRPOConfig for grpo) that a recipe's training section may set."
     if mode == "grpo":
@@ -204,6 +210,7 @@ _TRAINING_RANGES = {  # (lo, hi, lo_open, hi_open) of numeric TrainingArguments 
     "temperature": (0, math.inf, True, True), "top_p": (0, 1, True, False), "top_k": (0, math.inf, False, True), "beta": (0, math.inf, False, True),
     "epsilon": (0, math.inf, False, True), "generation_batch_size": (1, math.inf, False, True), "steps_per_generation": (1, math.inf, False, True)}
 
+# %% ../nbs/27_recipe.ipynb #b6f4524b
 def _type_name(tp) -> str:
     "How an annotation reads in a message: 'an int', 'a float', 'a string or null', ..."
     import enum, typing, types
@@ -258,6 +265,7 @@ def check_typed(values:abc.Mapping, # option name -> value, as read from YAML
             _num(v, f"{where}.{k}", *ranges[k])
     return dict(values)
 
+# %% ../nbs/27_recipe.ipynb #746ef734
 def _check_training(training:dict, mode:str) -> dict:
     "The training section's values checked against TrainingArguments' (GRPOConfig's) annotated types and the ranges above."
     if mode == "grpo":
@@ -270,6 +278,7 @@ def _check_training(training:dict, mode:str) -> dict:
         raise recipe_error("training.max_steps", f"must be an int >= 1 (or -1: train num_train_epochs epochs), got {ms}")
     return training
 
+# %% ../nbs/27_recipe.ipynb #7b2686ab
 def _loss(d) -> LossConfig:
     "The run's LossConfig (one, or a mapping of its options), and the one check of what a run's loss may not hold."
     if isinstance(d, LossConfig): cfg = d
@@ -289,6 +298,7 @@ def _section(cls, d, where):
     if isinstance(d, cls): return d
     return cls(**_check_keys(d, [f.name for f in dataclasses.fields(cls)], where))
 
+# %% ../nbs/27_recipe.ipynb #f21aef0f
 @dataclass
 class Recipe:
     "Everything a training run needs, checked when made; `to_dict`/`from_dict` are the YAML file's shape."

@@ -59,6 +59,7 @@ def _check_trackers(training:dict):
         if not mods and found is not None and not found():
             raise recipe_error("training.report_to", f"{name}: transformers finds no {name} package installed here (install it, or report_to: none)")
 
+# %% ../nbs/27b_recipe_build.ipynb #a2b8da1b
 def _launch_size() -> int:
     "The processes of this torchrun / accelerate launch: WORLD_SIZE where LOCAL_RANK says a launcher started us; 1 alone (a DiLoCo replica's WORLD_SIZE counts replicas)."
     try: return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1)) if os.environ.get("LOCAL_RANK") not in (None, "") else 1
@@ -92,6 +93,7 @@ def _accelerator() -> bool:
     acc = getattr(torch, "accelerator", None)
     return bool(acc.is_available()) if acc is not None and hasattr(acc, "is_available") else torch.cuda.is_available()
 
+# %% ../nbs/27b_recipe_build.ipynb #ae89825e
 def _check_output_dir(path:str):
     "A folder that exists or can be made: not a file, not under a file, in a folder this user may write to."
     out = Path(path)
@@ -127,6 +129,7 @@ def _environment(recipe:Recipe, # a recipe with grpo.environment set
     if not prompts: raise recipe_error("grpo.kinds", f"{g.split} has no episode of kinds {g.kinds}")
     return envs.suite_environment(tasks), envs.suite_dataset(prompts)
 
+# %% ../nbs/27b_recipe_build.ipynb #d1e2a451
 def _has_row(path:str, ok=lambda r: True) -> bool:
     "Whether the JSONL file holds a record `ok` accepts (read up to the first one)."
     from composer_replication.jsonl import iter_jsonl
@@ -143,6 +146,7 @@ def _check_rows(recipe:Recipe):
     if recipe.mode == "grpo" and d.prompts is not None and not _has_row(d.prompts, lambda r: isinstance(r.get("prompt"), (str, list)) and r["prompt"]):
         raise recipe_error("data.prompts", f"{d.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
 
+# %% ../nbs/27b_recipe_build.ipynb #308e3eed
 def check_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe` resolves them)
                  *, needs_data:bool=True, # False: the caller brings the examples (a DiLoCo replica's shard), data.states may be null
                 ) -> Recipe:
@@ -200,6 +204,7 @@ def load_recipe_model(recipe:Recipe) -> tuple[Any, Any]:
         except (TypeError, ValueError) as e: raise recipe_error("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
     return model, tok
 
+# %% ../nbs/27b_recipe_build.ipynb #63852cc4
 def adapters_trained(model) -> dict:
     "What trains in a peft model (the `train_top_layers` summary)."
     cfg = model.peft_config["default"]
@@ -226,6 +231,7 @@ def train_top_layers(model, # a Hugging Face causal LM
         what = f"the top {k} of {len(layers)} layers"
     return {"layers": what, "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": n_all}
 
+# %% ../nbs/27b_recipe_build.ipynb #87c9b14c
 def recipe_data(recipe:Recipe) -> dict:
     "The run's data: states, pairs and the TraceExamples made from them (bad JSONL lines skipped and counted)."
     from composer_replication.jsonl import read_jsonl
@@ -256,6 +262,7 @@ def _prompts(recipe:Recipe, states:list[dict]):
     if not rows: raise recipe_error("data.prompts", f"{recipe.data.prompts} has no row with a non-empty 'prompt' (a str or a list of messages)")
     return Dataset.from_list(rows)
 
+# %% ../nbs/27b_recipe_build.ipynb #7742fbfe
 def recipe_model(recipe:Recipe) -> tuple[Any, Any, dict]:
     "The recipe's (model, tokenizer, what trains): `load_recipe_model`, then its top `train_layers` or its LoRA adapters set to train."
     model, tok = load_recipe_model(recipe)
@@ -270,6 +277,7 @@ def _collator(recipe:Recipe, tok):
     return ComposerDataCollator(tok, CollatorConfig(**collator_config_kwargs(col), pad_token_id=pad,
                                                     hint_generator=None if hg is None else _import_callable(HINT_GENERATORS.get(hg, hg), "collator.hint_generator")))
 
+# %% ../nbs/27b_recipe_build.ipynb #614d1354
 class _ScoredCollator:
     "A collator whose batches carry reference log-probs scored before training: each example's DPO rows, concatenated in batch order."
     def __init__(self, collator, refs:dict): self.collator, self.refs = collator, refs
@@ -308,6 +316,7 @@ def reference_collator(trainer, # a ComposerOfflineTrainer or ComposerReplicatio
     finally: model.train(was)
     return _ScoredCollator(collator, refs)
 
+# %% ../nbs/27b_recipe_build.ipynb #07387c3b
 def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here too)
                   *,
                   model:tuple|None=None, # (model, tokenizer, trained) from `recipe_model(recipe)`, when the caller loaded it already (the demo: before its replay)
@@ -350,7 +359,6 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
         if rows: trainer.trace_collator = reference_collator(trainer, collator, rows, trainer_kwargs.get("ref_model"))
     trainer.recipe_data, trainer.recipe_trained, trainer.recipe_collator, trainer.recipe_rows = data, trained, collator, rows
     return trainer, tok
-
 
 # %% ../nbs/27b_recipe_build.ipynb #7efea83f
 CHANNELS = {"offline": ("lm_ce", "sdpo_jsd", "trace_replay_dpo"), "grpo": ("grpo", "sdpo_jsd", "trace_replay_dpo")}  # logged as composer/<name>

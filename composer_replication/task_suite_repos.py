@@ -278,6 +278,7 @@ class SyntheticRepo:
         r = run(self.files[self.mod_path], self.mod_path, self.files[self.test_path], self.files[self.init_path])
         return "results" in r and bool(r["results"]) and all(x[6] for x in r["results"])
 
+# %% ../nbs/24a_task_suite_repos.ipynb #1d98828d
 _ASSERT = re.compile(r"    assert (.+) == (.+)$")
 
 def evaluate_tests(mod_src:str, # the module's source
@@ -304,6 +305,7 @@ def evaluate_tests(mod_src:str, # the module's source
         except Exception as x: results.append([name, i + 1, l, None, a.group(2), a.group(1), False, f"{type(x).__name__}: {x}"])
     return {"results": results}
 
+# %% ../nbs/24a_task_suite_repos.ipynb #21d8f9c9
 _MARK = "\x00composer-task-suite-result\x00"
 
 def evaluate_tests_isolated(mod_src:str, mod_path:str, test_src:str, init_src:str, # as `evaluate_tests`
@@ -329,6 +331,7 @@ def evaluate_tests_isolated(mod_src:str, mod_path:str, test_src:str, init_src:st
         return {"error": last}
     return json.loads(p.stdout.rsplit(_MARK, 1)[1])
 
+# %% ../nbs/24a_task_suite_repos.ipynb #ef16230e
 def _tool_err(msg): return f"<tool_use_error>{msg}</tool_use_error>", True, f"Error: {msg}"
 
 def _validation(tool, issues):

@@ -57,6 +57,7 @@ DILOCO_OPTIONS = ("outer_lr", "outer_momentum", "nesterov", "sync_every", "fragm
 _DEFAULTS = dict(outer_lr=0.7, outer_momentum=0.9, nesterov=True, sync_every=100, fragment_sync_delay=0, fragment_update_alpha=0.0,
                  use_bucketization=False, bucket_cap_mb=None, backup_device=None)
 
+# %% ../../nbs/18_diloco.ipynb #fa5efc51
 def check_manager(manager:Any, # torchft `Manager(use_async_quorum=False, ...)` or a duck-typed one such as `MockManager`
                  ) -> Any:
     "`manager` if DiLoCo can run on it (torchft's surface, a synchronous quorum); else a `TypeError`/`ValueError` saying why."
@@ -67,6 +68,7 @@ def check_manager(manager:Any, # torchft `Manager(use_async_quorum=False, ...)` 
         raise ValueError("DiLoCo needs a synchronous quorum: create the torchft Manager with use_async_quorum=False")
     return manager
 
+# %% ../../nbs/18_diloco.ipynb #33efada8
 def check_diloco_options(options:Mapping[str, Any]|None=None, # some of DILOCO_OPTIONS (the rest take make_diloco_outer_loop's defaults)
                          n_fragments:int=1, # how many model fragments they will be used with
                         ) -> dict[str, Any]: # every option, checked, defaults filled in
@@ -96,6 +98,7 @@ def check_diloco_options(options:Mapping[str, Any]|None=None, # some of DILOCO_O
         except RuntimeError as e: raise ValueError(f"backup_device {o['backup_device']!r} is not a torch device: {e}") from None
     return o
 
+# %% ../../nbs/18_diloco.ipynb #65bb4ea6
 def make_diloco_outer_loop(manager:Any, # torchft `Manager(use_async_quorum=False, ...)` or a duck-typed one such as `MockManager`
                            model_fragments:list[torch.nn.Module], # `[model]` for DiLoCo; P disjoint modules for Streaming DiLoCo
                            inner_optimizer:torch.optim.Optimizer, # the optimizer stepped every batch (AdamW in the paper)

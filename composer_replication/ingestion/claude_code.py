@@ -50,6 +50,7 @@ def _content_text(c):
     if isinstance(c, list): return "\n".join(_block_text(b) for b in c)
     return "" if c is None else str(c)
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #1efd61ba
 class _Trace(Conversation):
     "A Claude Code conversation (a session, or one subagent transcript): turns split across lines, resume copies, results in user lines."
     def __init__(self, ing, st, stem, tools=None):
@@ -299,6 +300,7 @@ class ClaudeCodeIngester(TraceSourceBase):
         else: msg = f"{fp.name}: Claude Code version {v} is outside the versions checked (1.0.98-2.1.39); the format may differ"
         if msg not in st.version_warnings: st.version_warnings.append(msg)
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #aef6dbb4
 def _folder_stems(root, files):
     "The state-id stem of each file of a folder: its name without `.jsonl`, or its path under `root` when two files share that name."
     n = {}
@@ -318,6 +320,7 @@ def _tool_names(fp, skip_sidechain):
                 if isinstance(b, dict) and b.get("type") == "tool_use" and is_tool_name(b.get("name")): names.add(b["name"])
     return names
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #6d0c96cc
 def _subagent_files(session, session_ids):
     "Subagent files of one session: <stem>/subagents/agent-*.jsonl (2.1.x) and agent-*.jsonl beside it with its sessionId (2.0.x)."
     out = sorted((session.parent / session.stem / "subagents").glob("agent-*.jsonl"))

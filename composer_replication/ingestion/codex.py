@@ -83,7 +83,7 @@ def _version_tuple(v):
     m = re.match(r"(\d+)\.(\d+)\.(\d+)", v) if isinstance(v, str) else None
     return tuple(int(x) for x in m.groups()) if m else None
 
-
+# %% ../../nbs/11_ingestion.codex.ipynb #0c950872
 class _Rollout(Conversation):
     "A Codex CLI rollout: responses that end when an input follows them, tool outputs by call id, prompts recorded twice."
     def __init__(self, ing, st, stem, tools=None):
@@ -324,6 +324,7 @@ class CodexIngester(TraceSourceBase):
         else: msg = f"{fp.name}: Codex CLI version {v} is outside the versions checked (0.40.0-0.128.x); the format may differ"
         if msg not in st.version_warnings: st.version_warnings.append(msg)
 
+# %% ../../nbs/11_ingestion.codex.ipynb #a1a8f157
 _CALL_ITEMS = (b'"function_call"', b'"custom_tool_call"', b'"local_shell_call"', b'"web_search_call"', b'"dynamic_tools"')
 
 def _dynamic_tool(t):

@@ -36,6 +36,7 @@ def check_api_key(key:Any, # an API key, or None
         raise ValueError("the API key contains whitespace or control characters (it is not shown here)")
     return key
 
+# %% ../../nbs/15b_teacher_replay.providers.ipynb #2873c798
 @runtime_checkable
 class Provider(Protocol):
     "What `replay_trace` needs from a teacher endpoint (see `OpenAICompatibleProvider` for the meaning of each member)."
@@ -47,6 +48,7 @@ class Provider(Protocol):
                      tools:list[dict]|None=None, extra_body:dict|None=None) -> dict: ...
     def reported_cost(self, usage:dict) -> Any: ...
 
+# %% ../../nbs/15b_teacher_replay.providers.ipynb #4ed7db1d
 class OpenAICompatibleProvider:
     "Any server that speaks OpenAI chat completions at `base_url`: vLLM, llama.cpp, Ollama, LiteLLM, the local `teacher_server`."
     name = "openai-compatible"
@@ -81,6 +83,7 @@ class OpenAICompatibleProvider:
         "The cost the answer's `usage` reports (`usage.cost`), unchecked; None when it reports none."
         return usage.get("cost")
 
+# %% ../../nbs/15b_teacher_replay.providers.ipynb #1062647c
 class OpenRouterProvider(OpenAICompatibleProvider):
     "OpenRouter: its key (`OPENROUTER_API_KEY`), privacy routing, app header and price table."
     name = "openrouter"
@@ -108,6 +111,7 @@ class OpenRouterProvider(OpenAICompatibleProvider):
 
     def headers(self) -> dict: return {**super().headers(), "X-Title": "composer-replication"}
 
+# %% ../../nbs/15b_teacher_replay.providers.ipynb #1fc72042
 def resolve_provider(base_url:str|None=None, # None: OPENROUTER_BASE_URL from the environment, else OpenRouter
                      api_key:str|None=None, # None: OPENROUTER_API_KEY, for OpenRouter or an env-given URL only
                      routing:dict|None=None, # the `provider` block; None: OpenRouter's default there, none elsewhere

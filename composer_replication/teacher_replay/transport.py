@@ -71,6 +71,7 @@ def env_proxy(url:str, # the URL a request goes to
     p = proxies.get(u.scheme) or proxies.get("all")
     return None if not p or urllib.request.proxy_bypass(u.hostname or "") else p
 
+# %% ../../nbs/15e_teacher_replay.transport.ipynb #27cf2e59
 class AiohttpPost:
     "POSTs over one aiohttp session (the least client CPU per call)."
     kind = "aiohttp"
@@ -112,6 +113,7 @@ class AiohttpPost:
 
     async def aclose(self): await self.session.close()
 
+# %% ../../nbs/15e_teacher_replay.transport.ipynb #ea17f7d6
 class HttpxPost:
     "POSTs over one httpx.AsyncClient: the one given, or one made here on `transport` (default: split pools)."
     kind = "httpx"
@@ -155,6 +157,7 @@ class HttpxPost:
         "Close the client, if it was made here."
         if self.own: await self.client.aclose()
 
+# %% ../../nbs/15e_teacher_replay.transport.ipynb #040cddf9
 def open_http(url:str, # the chat-completions URL
               headers:dict, # request headers (`Provider.headers()`)
               transport:Any, # None, "aiohttp", "httpx", or an httpx.AsyncBaseTransport

@@ -70,6 +70,7 @@ def _mean(vals:list) -> float:
     "The mean of logged channel values (detached tensors or floats), one host transfer for all of them."
     return float(torch.stack([torch.as_tensor(v, dtype=torch.float32).detach().cpu() for v in vals]).mean())
 
+# %% ../../nbs/20b_trainer.channels.ipynb #17e8b752
 class ChannelTrainerMixin:
     "What both trainers share: the loss configuration, the reference, per-channel metrics, the TAID scheduler, the counts across processes."
     def _init_channels(self, model, config:LossConfig, *, ref_model, taid_scheduler):
@@ -154,6 +155,7 @@ class ChannelTrainerMixin:
         self._channel_metrics.clear()
         return {**logs, **{k: float(v) for k, v in zip(keys, vals)}}
 
+# %% ../../nbs/20b_trainer.channels.ipynb #317520e2
 class TAIDSchedulerCallback(TrainerCallback):
     "Update the TAID scheduler after each optimizer step (with the step's SDPO loss over all processes); save it into every checkpoint."
     def __init__(self, trainer): # the trainer (`ChannelTrainerMixin`) whose `taid_scheduler` it updates and saves

@@ -104,6 +104,7 @@ def _unwrap_optimizer(opt):
     while isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer): opt = opt.optimizer
     return opt
 
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #40bf7911
 class _DiLoCoCallback(TrainerCallback):
     "Build/enter the outer loop when training begins, leave it when training ends, save its state into every checkpoint."
     def __init__(self, trainer): self.trainer = trainer

@@ -68,6 +68,7 @@ def _check_finite(t:torch.Tensor, what:str):
         n_nan = int(torch.isnan(t).sum())
         raise ValueError(f"{what} with non-finite values ({n_nan} NaN, {int(bad.sum()) - n_nan} inf of {t.numel()}): refusing to average them")
 
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #0c06c86c
 class ObjectStoreAllReduce:
     "Average a tensor across `world_size` replicas through safetensors files in an fsspec store; one round per call."
     backoff: float = 1.5  # growth of the wait between checks for peers' files (from 1 ms up to poll_interval_s)

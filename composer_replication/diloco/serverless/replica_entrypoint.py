@@ -159,6 +159,7 @@ def check_replica_spec(spec:Mapping[str, Any], # the replica spec (fields: REPLI
         raise TypeError(f"spec['pairs'] must be a pairs.jsonl path, a list of DPOPair dicts or {{state index: chosen action}}, got {type(p).__name__}")
     return s
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #adfe68ee
 def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_spec`)
                    rank:int=0, # this replica's rank: its output folder is `<output_dir>/replica-<rank>`
                   ):
@@ -186,6 +187,7 @@ def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_
         field = {v: k for k, v in _RUN_FIELDS.items()}.get(top, top)
         raise ValueError(f"spec['{field}']" + (f": {sub}" if sub else "") + f": {msg}") from None
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #74354c9b
 def _replica_examples(s:dict, recipe, rank:int, world_size:int) -> list:
     "The TraceExamples replica `rank` trains on: the spec's session or states (else the recipe's data, else the sample session), sharded."
     from composer_replication.jsonl import read_jsonl
@@ -222,6 +224,7 @@ def _replica_examples(s:dict, recipe, rank:int, world_size:int) -> list:
                                           "use examples='turn', more sessions, or shard=False")
     return examples
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #0df88b8c
 def build_replica_trainer(spec:Mapping[str, Any], # a replica spec (see `check_replica_spec`)
                           manager:Any=None, # the DiLoCo manager (MockManager / torchft Manager); None with spec['diloco'] None
                           rank:int=0, # this replica's rank: its data shard and output folder
@@ -239,6 +242,7 @@ def build_replica_trainer(spec:Mapping[str, Any], # a replica spec (see `check_r
     tr, _ = build_trainer(recipe, examples=examples, diloco=diloco, callbacks=list(callbacks or []))
     return tr
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #0e34c335
 def _status_callback(trainer, status_file, rank):
     "A TrainerCallback appending one JSON line per logged step and per sync to `status_file`; also kept in `.events`."
     from transformers import TrainerCallback
@@ -265,6 +269,7 @@ def _status_callback(trainer, status_file, rank):
             if self._f: self._f.close(); self._f = None
     return _Status()
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #9320e386
 def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torchft Manager; None only with spec['diloco'] None
                            rank:int=0, # this replica's rank: selects its data shard
                            world_size:int=1, # number of replicas

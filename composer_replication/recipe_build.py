@@ -459,7 +459,7 @@ def _sandbox_environment(recipe:Recipe, # a recipe with grpo.environment: sandbo
                         ) -> tuple[Any, Any]:
     "environment sandbox: (`repo_environment`, prompt dataset) of `grpo.tasks`, a make_task_suite split folder or a JSONL of tasks."
     from composer_replication import environments as envs, repo_env
-    from composer_replication.sandbox import local_sandbox_unavailable
+    from composer_replication.sandbox_local import local_sandbox_unavailable
     g, p = recipe.grpo, Path(recipe.grpo.tasks)
     if (why := local_sandbox_unavailable()): raise recipe_error("grpo.environment", f"sandbox: {why}")
     try:

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication import sandbox as S
+from composer_replication import sandbox_local as L
 from composer_replication.environments import FAIL_COST, suite_dataset, suite_tasks
 from composer_replication.repo_env import RepoEnv, RepoTask, load_repo_tasks, repo_environment, suite_repo_tasks, count_tests
 from composer_replication.task_suite import load_expected, make_task_suite
 
-pytestmark = pytest.mark.skipif(S.local_sandbox_unavailable() is not None, reason=f"{S.local_sandbox_unavailable()}")
+pytestmark = pytest.mark.skipif(L.local_sandbox_unavailable() is not None, reason=f"{L.local_sandbox_unavailable()}")
 TOOLS = ["Bash", "Edit", "Glob", "Grep", "Read", "Write"]
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from composer_replication import sandbox as S
+from composer_replication import sandbox_local as L
 from composer_replication.sandbox import Sandbox, SandboxError, SandboxResult
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(S.local_sandbox_unavailable() is not None, reason=f"{S.local_sandbox_unavailable()}")
+pytestmark = pytest.mark.skipif(L.local_sandbox_unavailable() is not None, reason=f"{L.local_sandbox_unavailable()}")
 
 
 def _host_pids_running(marker: str) -> list[int]:
@@ -284,13 +284,13 @@ def test_sandboxes_isolated_from_each_other(tmp_path):
 # --- refusing where it cannot isolate ---
 
 def test_refuses_without_bwrap(repo, monkeypatch):
-    monkeypatch.setattr(S.shutil, "which", lambda name: None)
+    monkeypatch.setattr(L.shutil, "which", lambda name: None)
     with pytest.raises(SandboxError, match=r"^bubblewrap is not installed .*refusing to run commands unsandboxed$"): Sandbox(repo)
 
 
 def test_root_refuses_without_cgroup(repo, monkeypatch):
-    monkeypatch.setattr(S, "_make_cgroups", lambda *a: None)
-    monkeypatch.setattr(S.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(L, "_make_cgroups", lambda *a: None)
+    monkeypatch.setattr(L.os, "geteuid", lambda: 0)
     with pytest.raises(SandboxError, match="running as root and no cgroup is writable.*refusing to run unsandboxed"): Sandbox(repo)
 
 
@@ -301,7 +301,7 @@ def test_backends_are_plugins(repo):
     assert PLUGIN_GROUPS["sandboxes"] == "composer_replication.sandboxes"
     assert {"local", "modal"} <= set(entry_point_names("sandboxes"))
     with pytest.raises(PluginError, match="backend must be \"local\""): Sandbox(repo, backend="lcoal")
-    with Sandbox(repo, backend="composer_replication.sandbox:LocalSandbox") as sb: assert sb.run("true").returncode == 0
+    with Sandbox(repo, backend="composer_replication.sandbox_local:LocalSandbox") as sb: assert sb.run("true").returncode == 0
 
 
 # --- the Modal backend, against a stand-in bound to modal's real signatures ---
@@ -405,8 +405,8 @@ def test_concurrent_sandboxes_from_threads(tmp_path):
 
 def test_rlimit_fallback_without_cgroups(repo, monkeypatch):
     "A non-root host without a writable cgroup: the server sets RLIMIT_NPROC and RLIMIT_AS (as root here only AS binds)."
-    monkeypatch.setattr(S, "_make_cgroups", lambda *a: None)
-    monkeypatch.setattr(S.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(L, "_make_cgroups", lambda *a: None)
+    monkeypatch.setattr(L.os, "geteuid", lambda: 1000)
     with Sandbox(repo, memory_mb=512) as sb:
         assert sb.backend.cgroups is None
         r = sb.run("python -c \"b = bytearray(1 << 30)\"")
@@ -436,9 +436,9 @@ def test_venv_inside_the_workdir_stays_read_only():
 
 def test_failed_start_leaves_no_cgroup(repo, monkeypatch):
     made = []
-    real = S._make_cgroups
-    monkeypatch.setattr(S, "_make_cgroups", lambda *a: made.extend(real(*a)) or made)
-    monkeypatch.setattr(S.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no exec")))
+    real = L._make_cgroups
+    monkeypatch.setattr(L, "_make_cgroups", lambda *a: made.extend(real(*a)) or made)
+    monkeypatch.setattr(L.subprocess, "Popen", lambda *a, **k: (_ for _ in ()).throw(OSError("no exec")))
     with pytest.raises(OSError, match="no exec"): Sandbox(repo)
     assert made and not any(map(os.path.exists, made))
 

@@ -50,10 +50,14 @@ def _check_trainer_config(config, where):
     return config
 
 def _windowed(dataset, collator):
-    "A list of TraceExamples split into windows by the collator (its `windows` option); anything else as it is."
+    "A list of TraceExamples split into windows by the collator (its `windows` option); anything else as it is. An example repeated in the list (the same object, as `recipe_build` repeats a small dataset to fill `max_steps`) is windowed once."
     if (isinstance(collator, ComposerDataCollator) and collator.config.windows and isinstance(dataset, (list, tuple))
             and dataset and all(isinstance(ex, dict) and "turns" in ex for ex in dataset)):
-        return collator.windows(dataset)
+        done, out = {}, []
+        for ex in dataset:
+            if id(ex) not in done: done[id(ex)] = collator.windows([ex])
+            out += done[id(ex)]
+        return out
     return dataset
 
 

@@ -92,6 +92,7 @@ def one_of(
     q = [f'"{n}"' for n in names]
     return q[0] if len(q) == 1 else ", ".join(q[:-1]) + " or " + q[-1]
 
+# %% ../nbs/00_checks.ipynb #10cf3a10
 def check_choice(
     v, # the value to check
     name:str, # the argument's name, for the error
@@ -156,6 +157,7 @@ def check_logit_pair(
     if student.dim() < 1 or student.shape[-1] == 0:
         raise ValueError(f"{s_name} must have a non-empty last (vocabulary) dimension, got {tuple(student.shape)}")
 
+# %% ../nbs/00_checks.ipynb #1f897136
 def check_same_device_dtype(
     xs:dict, # name -> tensor
     ref:str, # the name whose device and dtype the others must have

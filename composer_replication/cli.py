@@ -101,6 +101,7 @@ def _sources() -> list[str]:
     from composer_replication.plugins import plugin_names
     return ["auto", *plugin_names("trace_sources", TRACE_SOURCES)]
 
+# %% ../nbs/42_cli.ipynb #2c6cbf97
 def build_parser() -> argparse.ArgumentParser:
     "The `composer-replication` argument parser, one subparser per subcommand."
     from composer_replication import __version__

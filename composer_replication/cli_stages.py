@@ -54,6 +54,7 @@ def replay_plan(states:list[dict], # the trace to replay
         p["expected_usd"] += (prompt * t["input_per_mtok"] + reply * t["output_per_mtok"]) / 1e6
     return list(plan.values())
 
+# %% ../nbs/41_cli_stages.ipynb #e3a3cf53
 def format_plan(plan:list[dict], # from `replay_plan`
                 max_usd:float, # the budget
                ) -> str:
@@ -70,6 +71,7 @@ def format_plan(plan:list[dict], # from `replay_plan`
                 "student's actions; worst: what the budget reserves per call (a token per body byte + 512, a full max_tokens reply).")
     return "\n".join(rows)
 
+# %% ../nbs/41_cli_stages.ipynb #4e2eda2c
 class _JournalProgress:
     "A tqdm bar fed by the replay journal as it grows: calls done, USD spent so far, failures."
     def __init__(self, path, total, enabled=True):

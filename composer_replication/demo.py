@@ -61,6 +61,7 @@ def _path(name, v):
     if not isinstance(s, str) or not s or "\x00" in s: raise _bad(name, f"must be a non-empty path without NUL characters, got {s!r}")
     return Path(s)
 
+# %% ../nbs/40_demo.ipynb #b55cec18
 def _creatable(p:Path) -> str|None:
     "Why the folder `p` cannot be created and written to, or None."
     q = p.absolute()
@@ -69,6 +70,7 @@ def _creatable(p:Path) -> str|None:
     if not os.access(q, os.W_OK | os.X_OK): return f"cannot create {str(p)!r}: no write permission in {str(q)!r}"
     return None
 
+# %% ../nbs/40_demo.ipynb #434f1725
 @dataclass
 class DemoConfig:
     "Settings of the main job (every field has a command-line flag, see `FLAGS`); checked when made."
@@ -178,6 +180,7 @@ _RECIPE_FLAGS = {"data.repeat": "steps", "training.max_steps": "steps", "trainin
 LORA_LR = 1e-3  # the demo's learning rate with --lora when --lr is not given (or the model's, if larger)
 DEMO_WEIGHTS = {"alpha_sdpo": 0.5, "beta_replay": 0.5}  # the demo's channel weights when neither a flag nor `loss` sets them
 
+# %% ../nbs/40_demo.ipynb #6a02f020
 def _loss_config(loss, alpha_sdpo, beta_replay):
     "The run's LossConfig: `loss` (a LossConfig, a dict of its options, or None for the demo's weights) with the weight fields over it (what a run may not hold, the recipe refuses)."
     from composer_replication.loss import LossConfig
@@ -204,6 +207,7 @@ def _price(it, price):
         raise _bad("teachers", f"teacher prices must be finite numbers >= 0 (@in/out in USD per million tokens), got {it!r}")
     return pin, pout
 
+# %% ../nbs/40_demo.ipynb #29356a4b
 def parse_teachers(spec:str, # "slug[@in/out],..." or "http(s)://host/v1,model[@in/out],..."
                   ) -> tuple[str|None, list[dict]]: # (base URL or None for OpenRouter, TeacherSpecs)
     "Parse the `--teachers` flag into a base URL and teacher specs with prices."
@@ -275,6 +279,7 @@ def _no_pairs_reason(results, failed_calls:int) -> str:
     why.append(f"at no state did {AGREEMENT_THRESHOLD} teachers agree on an action the student did not take")
     return "0 DPO pairs: " + "; ".join(why) + "; channel 3 (DPO) has no data and trains nothing"
 
+# %% ../nbs/40_demo.ipynb #77d4da1e
 def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
              *, progress:bool=True, # progress bars and the printed summary
             ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
@@ -440,4 +445,3 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
         f"collate {tm['collate_s']:.1f}s, eval before {tm['eval_before_s']:.1f}s, training {tm['train_s']:.1f}s, eval after {tm['eval_after_s']:.1f}s, "
         f"saving {tm['write_s']:.1f}s)")   # the recorded (rounded) figures: the line and summary.json agree
     return summary
-

@@ -49,6 +49,7 @@ def _calls_of(messages:list[dict]) -> list[tuple[str, dict, str|None]]:
 
 _DURATION = re.compile(r"in \d+\.\d\ds")   # a test run's duration is drawn, not recorded state
 
+# %% ../nbs/25c_environments.ipynb #5809dc8e
 def replay_calls(meta:dict, # a session's manifest entry (`SyntheticRepo.from_meta`)
                  calls:Sequence[tuple], # (tool, input) or (tool, input, recorded result) in order
                  isolate_tests:bool=False, # run the tests in a child process (False: the suite's own code)
@@ -62,6 +63,7 @@ def replay_calls(meta:dict, # a session's manifest entry (`SyntheticRepo.from_me
         if rec and rec[0] is not None and _DURATION.sub("", text) != _DURATION.sub("", rec[0]): differ.append(f"{name} {json.dumps(inp)[:80]}")
     return repo, differ
 
+# %% ../nbs/25c_environments.ipynb #6fc2916c
 def suite_tasks(split_dir:str|Path, # a split folder written by `make_task_suite` (manifest.json, expected.jsonl, sessions/)
                 kinds:Sequence[str]=TASK_KINDS, # which episodes to make of each session
                ) -> list[SuiteTask]: # in manifest order, a session's task before its recovery

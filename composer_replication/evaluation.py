@@ -220,6 +220,7 @@ def _well_formed(text, eos, known):
 def _check_out(name, vals, n, what):
     if not isinstance(vals, (list, tuple)) or len(vals) != n: raise TypeError(f"{name} must return a list of {n} {what}, got {vals!r:.80}")
 
+# %% ../nbs/26_evaluation.ipynb #983273bb
 def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `score_fn`, or preference=False) stand in for it
                    tokenizer, # its tokenizer, with the chat template the model was trained with
                    sessions, # a session .jsonl, a folder of them (of a split folder: its sessions/), or a list of TraceStates

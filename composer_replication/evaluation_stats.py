@@ -62,6 +62,7 @@ def margin_summary(records:Sequence[dict], # evaluation records (those without t
     "Mean margin over states with its bootstrap interval."
     return bootstrap_ci([r.get(key) for r in records])
 
+# %% ../nbs/25b_evaluation_stats.ipynb #6b6b5798
 def paired_difference(a:Sequence, # records of config A: one list per seed (or one list)
                       b:Sequence, # records of config B, likewise; every seed of both must cover the same states
                       key:str="margin_repeat", # the per-state number compared
@@ -88,6 +89,7 @@ def paired_difference(a:Sequence, # records of config A: one list per seed (or o
 
 _RECORD_KEYS = ("state_id", "session_id", "error_recovery", "correct", "well_formed", "preference_correct", "expected_tools", "stop")
 
+# %% ../nbs/25b_evaluation_stats.ipynb #e9fd712d
 def summarize_records(records:Sequence[dict], # per-state records from `evaluate_agent` (or read back from its JSONL)
                      ) -> dict: # each rate as {"k", "n", "rate", "ci95"}, per error kind, and counts
     "Recovery, next-action, overall and preference accuracy and the well-formed rate of per-state records, with Wilson 95% intervals."
@@ -119,6 +121,7 @@ def summarize_records(records:Sequence[dict], # per-state records from `evaluate
 _HEADLINE = (("recovery_accuracy", "recovery accuracy (error states)"), ("next_action_accuracy", "next-action accuracy (other states)"),
              ("preference_accuracy", "preference accuracy"), ("well_formed_rate", "well-formed tool calls"))
 
+# %% ../nbs/25b_evaluation_stats.ipynb #93a5e780
 def format_summary(summary:dict, # from `summarize_records` or `evaluate_agent`
                   ) -> str: # a few aligned lines
     "The headline rates of a summary as a small table: k/n, the rate and its interval."

@@ -61,6 +61,7 @@ def hint_runtime_error(ctx:HintContext) -> str:
     return (f"Reminder: the last {'`' + ctx['tool_name'] + '` ' if ctx.get('tool_name') else ''}call failed.{_msg(ctx)} "
             "Read the error, check your assumptions (paths, state, preconditions), and fix the cause before retrying." + _solution(ctx))
 
+# %% ../nbs/13_hint_generator.ipynb #12a98075
 def hint_repeated_failure(ctx:HintContext) -> str:
     "Hint for repeating a call that already failed."
     return (f"Reminder: this exact {'`' + ctx['tool_name'] + '` ' if ctx.get('tool_name') else ''}call already failed. "
@@ -138,6 +139,7 @@ def _failed_before(history:list[dict], tool_name:str|None, tool_input) -> bool:
     return any(history[j].get("is_error") and _same_call(tool_calls_of(history[a])[k], tool_name, tool_input)
                for j, (a, k) in match_tool_results(history).items())
 
+# %% ../nbs/13_hint_generator.ipynb #0d7c20f4
 def classify_error(tool_result_text:str|None, # what the model saw as the tool's result
                    *,
                    tool_name:str|None=None, # the tool that was called

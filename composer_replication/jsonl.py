@@ -78,6 +78,7 @@ def loads_line(raw:bytes|str, # one line, without or with its newline
     if raw.count(b"[") + raw.count(b"{") > max_depth and _too_deep(rec, max_depth): return None, deep  # the count is a fast bound on the depth
     return rec, None
 
+# %% ../nbs/08_jsonl.ipynb #9dcee018
 def iter_jsonl(path:str|Path, # a JSONL file
                stats:JsonlStats|None=None, # filled in while reading (pass one to see the counts)
                objects_only:bool=True, # a line that is JSON but not an object is bad
@@ -133,6 +134,7 @@ def dumps_line(rec:Any, # a JSON-serialisable value
         except (TypeError, ValueError) as e: raise TypeError(f"record is not JSON-serialisable: {e}") from None
         except RecursionError: raise TypeError("record is not JSON-serialisable: nested too deeply") from None
 
+# %% ../nbs/08_jsonl.ipynb #654ea228
 def write_jsonl(path:str|Path, # the file to (re)write; parent folders are created
                 records:Iterable, # values to write, one per line
                )->int: # the number of records written
@@ -152,6 +154,7 @@ def write_jsonl(path:str|Path, # the file to (re)write; parent folders are creat
     _warn_repairs(path, stats)
     return len(lines)
 
+# %% ../nbs/08_jsonl.ipynb #80802973
 class JsonlAppender:
     "Append records to a JSONL file, one `write` per record, so a crash can tear only the last line (which readers skip)."
     def __init__(self, path:str|Path, # the file; created with its parent folders if missing

@@ -109,6 +109,7 @@ def sdpo_channel_loss(
             raise ValueError(f"student_out must be ({B}, {T}, V) logits (or ({B}, {T}, d) hidden states when chunked), got {tuple(student_out.shape)}")
     return _sdpo_loss(model, inputs, student_out, config)
 
+# %% ../nbs/06d_loss.ipynb #ccc652aa
 def _replay_loss(model, inputs, config):
     "Channel 3 on checked inputs, through the criterion `config.dpo_variant` names."
     criterion = config.replay_criterion

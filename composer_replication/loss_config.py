@@ -85,6 +85,7 @@ def _replay_dpo(chosen, rejected, ref_chosen, ref_rejected, config):
     "Sigmoid DPO against the precomputed reference log-probs."
     return dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta=config.replay_dpo_beta)
 
+# %% ../nbs/06b_loss_config.ipynb #7bd4f500
 def _replay_simpo(chosen, rejected, ref_chosen, ref_rejected, config):
     "Reference-free SimPO on length-normalized log-probs."
     return simpo_loss(chosen, rejected, beta=config.simpo_beta, gamma=config.simpo_gamma)
@@ -131,6 +132,7 @@ _RANGES = {  # numeric options: (low, high, low allowed, high allowed, None allo
     "lm_ce_label_smoothing": (0, 1, True, False, False), "simpo_beta": (0, math.inf, False, False, False),
     "simpo_gamma": (-math.inf, math.inf, False, False, False), "entropy_opd_h_max": (0, math.inf, False, False, True)}
 
+# %% ../nbs/06b_loss_config.ipynb #fe2fff37
 @dataclass(frozen=True)
 class LossConfig:
     "Every option of the three-channel loss, with the reference's defaults; checked when made."
@@ -205,6 +207,7 @@ class LossConfig:
 
 LOSS_OPTIONS = tuple(f.name for f in dataclasses.fields(LossConfig))
 
+# %% ../nbs/06b_loss_config.ipynb #ca203c1c
 def _unknown(d, allowed): return sorted(set(d) - set(allowed), key=repr)
 
 def _did_you_mean(bad, allowed):

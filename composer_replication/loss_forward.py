@@ -60,6 +60,7 @@ def check_batch_ids(
         m = _ATTENTION[k]
         if inputs.get(m) is not None: check_batch_shape(inputs, m, inputs[k].shape)
 
+# %% ../nbs/06c_loss_forward.ipynb #71d56c2d
 def has_sdpo_inputs(
     inputs:abc.Mapping, # the batch: input_ids (B, T_s), ctx_teacher_input_ids / sdpo_loss_mask (B, T_t), optional sdpo_student_mask (B, T_s)
     vocab:int|None, # the model's vocabulary size (`model_vocab_size`)
@@ -130,6 +131,7 @@ def _decoder(model, chunk_size):
     inner = getattr(model, getattr(model, "base_model_prefix", "") or "", None)
     return inner if isinstance(inner, torch.nn.Module) and inner is not model else None
 
+# %% ../nbs/06c_loss_forward.ipynb #70e22cb0
 def _final_hidden(model, kw):
     "Final (normed) hidden states (B, T, d) without computing the LM head."
     inner = _decoder(model, chunk_size=0)
@@ -224,6 +226,7 @@ def _cached_forward(model, kw, chunk_size):
     cache = next((getattr(out, a) for a in _CACHE_ARGS if getattr(out, a, None) is not None), None)
     return o, cache if callable(getattr(cache, "batch_repeat_interleave", None)) else None
 
+# %% ../nbs/06c_loss_forward.ipynb #8576acca
 def model_pair_logprobs(
     model:torch.nn.Module, # HF causal LM (a peft model too): the policy, or a frozen reference under no_grad
     inputs:abc.Mapping, # dpo_{chosen,rejected}_{input_ids,response_mask} (P, T) (+ their attention masks), checked by `has_replay_inputs`

@@ -211,6 +211,7 @@ class _LinearPairLoss(torch.autograd.Function):
         g_h, g_w = ctx.saved_tensors
         return (None if g_h is None else g_h * g, None, None if g_w is None else g_w * g, None, None, None, None)
 
+# %% ../nbs/06a_loss_kernels.ipynb #cd90b690
 def linear_pair_loss(
     per_token:Callable, # (C, V) student logits, (C, V) teacher logits -> (C,) per-token loss, differentiable in the student
     student_hidden:Tensor, # (N, d) final hidden states of the student, with grad

@@ -93,6 +93,7 @@ def _quiet_loading():
         rest = [l for l in err.getvalue().replace("\r", "\n").splitlines() if l.strip() and "de-quantizing GGUF tensors" not in l]
         if rest: print("\n".join(rest), file=sys.stderr)
 
+# %% ../nbs/23_models.ipynb #76ba9008
 def _convert_smollm2(gguf:Path, out:Path):
     "Dequantise the GGUF into an fp32 Hugging Face folder in `out`: safetensors, config, tokenizer files (shipped template kept)."
     if importlib.util.find_spec("gguf") is None:
@@ -163,6 +164,7 @@ def parse_tool_calls(text:str, # an assistant turn as generated (may end with th
     "The tool calls of an assistant turn written as `<tool_call>` JSON blocks."
     return [{"name": b["name"], "arguments": b["input"]} for b in _completion_blocks(text, strict, eos) if b["type"] == "tool_use"]
 
+# %% ../nbs/23_models.ipynb #15d4406d
 def completion_to_action(text:str, # an assistant turn as generated
                          strict:bool=False, # raise ValueError on a malformed tool-call block (else it is kept as text)
                          eos:str|None="<|im_end|>", # end-of-turn token: what follows it is ignored
@@ -321,6 +323,7 @@ def _names(keys, n:int=3) -> str:
     keys = sorted(keys)
     return ", ".join(keys[:n]) + (f", … ({len(keys)} in all)" if len(keys) > n else "")
 
+# %% ../nbs/23_models.ipynb #dad75429
 def _load_folder(folder:Path, dtype):
     "`from_pretrained` of a local folder, refusing weights that do not fit its config.json (missing, unexpected or reshaped tensors) or cannot be read."
     from safetensors import SafetensorError
@@ -344,6 +347,7 @@ def _load_folder(folder:Path, dtype):
                          "refusing to train a partly random model (save the config with the weights it belongs to)")
     return model
 
+# %% ../nbs/23_models.ipynb #649cb63a
 def load_student(name_or_path:str|os.PathLike, # "smollm2-135m-instruct", "tiny", or a local Hugging Face model folder
                  dtype=None, # torch dtype of the weights, or "float32" | "bfloat16" | "float16" | "float64"; None => float32
                  device=None, # where the model goes ("cpu", "cuda:0", a torch.device); None => CPU

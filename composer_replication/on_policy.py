@@ -61,6 +61,7 @@ def _pad_rows(rows:list[list[int]], value:int) -> torch.Tensor:
     for b, r in enumerate(rows): out[b, :len(r)] = torch.tensor(r, dtype=torch.long)
     return out
 
+# %% ../nbs/25f_on_policy.ipynb #49099e03
 class OnPolicyComposerTrainer(RolloutMessagesAdapter, OnPolicyRowsAdapter, OnPolicyLossAdapter, ComposerReplicationTrainer):
     "`ComposerReplicationTrainer` with an environment: channel 2 runs on the student's own rollouts, a hint after each of its failed tool calls."
     def __init__(self, *args,

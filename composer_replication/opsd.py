@@ -206,6 +206,7 @@ def _jsd_rows_rkl_(z, *args): return _jsd_rows_into(z, "rkl", *args)
 
 _COMPILED = {}  # torch.compile'd `_jsd_rows_*_` (and other per-chunk kernels), built on first use
 
+# %% ../nbs/01_opsd.ipynb #6d930ccb
 def _compiled(fn):
     "`torch.compile(fn)`, cached; raises if this torch cannot compile."
     if fn not in _COMPILED: _COMPILED[fn] = torch.compile(fn, dynamic=True)
@@ -226,6 +227,7 @@ def _fused_rows(chunk_size:int, vocab:int) -> int:
     "Rows per chunk of the compiled sweep: `chunk_size`, capped so a (C, V) block holds at most `_FUSED_CHUNK_LOGITS` logits (>= 64 rows)."
     return max(1, min(chunk_size, max(64, _FUSED_CHUNK_LOGITS // max(vocab, 1))))
 
+# %% ../nbs/01_opsd.ipynb #8cd5c90c
 def _jsd_sweep_fused(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, row_scale, need):
     "`_jsd_sweep` with one `(2C, V)` logit buffer reused across chunks and the compiled `_jsd_rows_*_` doing all elementwise work in place."
     n, V = hs.shape[0], w.shape[0]
@@ -268,6 +270,7 @@ def _jsd_sweep_fused(hs, ht, w, wt, beta, temperature, token_clip, chunk_size, r
     if g_wt is not None: g_wt = g_wt.to(wt.dtype)
     return d_all, (g_hs, g_ht, g_w, g_wt)
 
+# %% ../nbs/01_opsd.ipynb #be400e4f
 def _jsd_sweep_any(compiled, hs, ht, w, wt, *args):
     "The compiled sweep where `_use_compiled` says so (falling back to the eager one, with a warning, if compilation fails), else the eager sweep."
     if _use_compiled(compiled, min(args[3], hs.shape[0]), w.shape[0], hs.device):

@@ -73,6 +73,7 @@ def _one_of(names):
     q = [f'"{n}"' for n in names]
     return "nothing" if not q else q[0] if len(q) == 1 else ", ".join(q[:-1]) + " or " + q[-1]
 
+# %% ../nbs/00_plugins.ipynb #43cb1b33
 def resolve_plugin(name:str, # a registered name, an entry-point name, or "package.module:attr"
                    kind:str, # a key of PLUGIN_GROUPS
                    registry:abc.Mapping|None=None, # the kind's in-process registry (looked at first)

@@ -248,6 +248,7 @@ def _fits(v, tp) -> bool|None:
     if isinstance(tp, type) and issubclass(tp, enum.Enum): return isinstance(v, tp) or any(type(v) is type(m.value) and v == m.value for m in tp)
     return None
 
+# %% ../nbs/27_recipe.ipynb #c9e8b563
 def check_typed(values:abc.Mapping, # option name -> value, as read from YAML
                 cls:type, # the dataclass whose field annotations give each option's type
                 where:str, # the section's dotted name, for messages (`training`)
@@ -415,6 +416,7 @@ def _check_yaml_size(text:str, loader, source:str):
             raise RecipeError(f"{source}: more than {MAX_YAML_NODES:,} values once its aliases (*name) are expanded (at line {ev.start_mark.line + 1}); "
                               "a recipe holds a few hundred: refusing it (an alias bomb?)")
 
+# %% ../nbs/27_recipe.ipynb #6daeb476
 def parse_recipe(text:str, # a recipe file's YAML
                  base_dir:str|os.PathLike|None=None, # relative paths are made absolute from here (None: left as written)
                  source:str="recipe", # the file's name, for messages
@@ -453,6 +455,7 @@ def recipe_yaml(recipe:Recipe) -> str:
             "# Relative paths are read from this file's folder. Unknown keys are errors.\n")
     return head + yaml.safe_dump(recipe.to_dict(), sort_keys=False, allow_unicode=True, width=120)
 
+# %% ../nbs/27_recipe.ipynb #21bc68cf
 def save_recipe(recipe:Recipe, # the recipe to write
                 path:str|os.PathLike, # the YAML file (parents are created; written atomically)
                ) -> Path:

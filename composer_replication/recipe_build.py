@@ -395,6 +395,7 @@ def _main_process() -> bool:
     "Whether this process writes the run's files: rank 0 of a torchrun / accelerate launch (RANK), or the only process."
     return int(os.environ.get("RANK", "0") or 0) == 0
 
+# %% ../nbs/27b_recipe_build.ipynb #f8491c46
 def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
                  *, progress:bool=True, # a bar with the per-channel losses, and a summary line on stdout (rank 0 only)
                 ) -> dict: # summary: output folder, steps, first/last per-channel losses, files
@@ -451,7 +452,6 @@ def train_recipe(recipe:Recipe, # a recipe, paths resolved (`load_recipe`)
         + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(lastm.get(k))}" for k in chans))
     say(f"wrote {out}/: recipe.yaml metrics.jsonl summary.json model/" + (" (LoRA adapters: adapter_config.json, adapter_model.safetensors)" if recipe.lora is not None else ""))
     return summary
-
 
 # %% ../nbs/27b_recipe_build.ipynb #5a1d0e02
 def _sandbox_environment(recipe:Recipe, # a recipe with grpo.environment: sandbox

@@ -254,6 +254,7 @@ def _write(self:RepoEnv, file_path, content):
     self.sb.write(rel, content); self.read.add(os.path.normpath(rel))
     return (f"File created successfully at: {file_path}" if new else f"The file {file_path} has been updated successfully."), False
 
+# %% ../nbs/25d_repo_env.ipynb #c78b4a51
 @patch
 def _edit(self:RepoEnv, file_path, old_string, new_string, replace_all=False):
     rel = self._rel(file_path)
@@ -339,6 +340,7 @@ def Glob(self:RepoEnv, pattern:str, path:str|None=None) -> str:
         path: The folder to search in
     """
 
+# %% ../nbs/25d_repo_env.ipynb #ebe8339c
 @patch
 @_repo_tool
 def Grep(self:RepoEnv, pattern:str, path:str|None=None, glob:str|None=None) -> str:

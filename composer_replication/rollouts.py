@@ -53,6 +53,7 @@ def _tool_groups(completion:list[dict]) -> list[tuple[dict|None, list[int]]]:
 
 def _key(name, args): return name, json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
 
+# %% ../nbs/25e_rollouts.ipynb #51d1ba8f
 def rollout_sdpo_row(tokenizer, # the trainer's tokenizer (its chat template renders the hints)
                      prompt:list[dict], # the messages the rollout started from (a recovery's ends at its planted error)
                      prompt_ids:Sequence[int], # their tokens, as the trainer rendered them (no padding)

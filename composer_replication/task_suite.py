@@ -56,6 +56,7 @@ class _Step:
     mistakes: dict = field(default_factory=dict)  # scenario -> the wrong action an agent takes instead
     fails_as: str|None = None                     # scenario of the error the right action itself meets
 
+# %% ../nbs/25_task_suite.ipynb #aa87cbb2
 @dataclass
 class SuiteSession:
     "One generated Claude Code session: its JSONL text, the right action at every state, and what it is made of."
@@ -318,6 +319,7 @@ def error_sites(states:Sequence[dict], # TraceStates from `ClaudeCodeIngester`
 # %% ../nbs/25_task_suite.ipynb #8ca128d8
 SUITE_FORMAT = "composer-task-suite/1"
 
+# %% ../nbs/25_task_suite.ipynb #c163d998
 def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldout/` (and `dev/`) are written inside
                     n_train:int=40, # sessions in train/
                     n_heldout:int=10, # sessions in heldout/
@@ -366,6 +368,7 @@ def make_task_suite(out_dir:str|Path, # the suite's folder: `train/` and `heldou
 _ROW_TYPES = {"session_id": str, "state_index": int, "state_id": str, "args": dict, "calls": list, "action": str,
               "error_recovery": bool, "recorded_ok": bool}
 
+# %% ../nbs/25_task_suite.ipynb #367b5eb4
 def load_expected(path:str|Path, # an expected.jsonl (or a split folder holding one)
                  ) -> list[dict]: # the rows, in file order
     "Read expected-action rows, skipping (and counting, in a warning) malformed lines."
@@ -413,6 +416,7 @@ SUITE_TEACHERS = [  # slug, USD per million input / output tokens (billed by the
 
 def _h(s): return int(hashlib.sha256(s.encode()).hexdigest()[:8], 16)
 
+# %% ../nbs/25_task_suite.ipynb #1fcae7a6
 def suite_policies(states:Sequence[dict], # the ingested states being replayed
                    expected:Sequence[dict], # their expected-action rows
                    teachers:Sequence[dict]=SUITE_TEACHERS, # teacher specs (>= 2; prices are billed)

@@ -44,6 +44,7 @@ def _norm_path(p, cwd):
     if cwd and not p.startswith("/"): p = posixpath.join(cwd, p)
     return posixpath.normpath(p)
 
+# %% ../nbs/24b_task_suite_actions.ipynb #2b21c6ac
 def _norm_cmd(c, cwd):
     if not isinstance(c, str): return c
     c = c.strip()
@@ -75,6 +76,7 @@ def _expected_calls(expected):
             raise ValueError(f"expected['calls'][{i}] must be {{'tool': str, 'args': dict}}, got {c!r:.80}")
     return calls
 
+# %% ../nbs/24b_task_suite_actions.ipynb #3da31a79
 def action_matches(predicted, # the action: an action string, `parse_student_action` blocks, a tool_use dict or an OpenAI message
                    expected:dict, # an expected-action row (`calls` or `tool`/`args`, optional `cwd`)
                   ) -> bool: # True when the calls are the expected ones, comparing only the arguments that matter

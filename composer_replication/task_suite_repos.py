@@ -99,6 +99,7 @@ FUNCTIONS: dict[str, dict] = {
 _B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 GENERIC_FILES = frozenset({"README.md"})  # file names every synthetic repo has (left out of the name sets)
 
+# %% ../nbs/24a_task_suite_repos.ipynb #00b5e764
 class SyntheticRepo:
     "A small synthetic Python repository and the simulated effect of Claude Code's tools on it."
     def __init__(self,
@@ -367,6 +368,8 @@ SUITE_TOOLS = [
 
 # %% ../nbs/24a_task_suite_repos.ipynb #d5155e60
 _VERSION, _MODEL = "2.1.38", "claude-opus-4-6"
+
+# %% ../nbs/24a_task_suite_repos.ipynb #d467dcc1
 class SessionWriter:
     "Claude Code 2.1.x session lines: uuid/parentUuid chain, one line per content block, results under their tool_use line."
     def __init__(self,

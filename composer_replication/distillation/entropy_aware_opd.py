@@ -61,6 +61,7 @@ def entropy_aware_opd_per_token(
     w = (h / h_max).clamp(0.0, 1.0).detach()
     return w * fwd + (1 - w) * rev
 
+# %% ../../nbs/04_distillation.entropy_aware_opd.ipynb #51554c24
 def entropy_aware_opd_loss(
     student_logits:Tensor, # (B, T, V) student logits, with grad (floating point; −inf marks a masked token)
     teacher_logits:Tensor, # (B, T, V) teacher logits (no grad)

@@ -139,6 +139,7 @@ class _Trace(Conversation):
         self.reset(); self.st.n_compactions += 1
         return out
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #8ca7a824
 def _valid_block(b):
     t = b["type"]
     if t == "text": return isinstance(b.get("text"), str)
@@ -148,6 +149,7 @@ def _valid_block(b):
 # %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
 _BOM = b"\xef\xbb\xbf"
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #cb48d9eb
 class ClaudeCodeIngester(TraceSourceBase):
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
     def __init__(self, *,
@@ -359,6 +361,7 @@ def _scan_task_prompts(fp, prompts):
             rec = loads_line(raw)[0]
             if isinstance(rec, dict) and rec.get("type") in ("assistant", "user"): _note_task(rec, rec["type"], calls, prompts)
 
+# %% ../../nbs/10_ingestion.claude_code.ipynb #5776358f
 def _first_session_id(fp, max_lines=50):
     with open(fp, "rb") as f:
         for i, raw in enumerate(f):

@@ -166,6 +166,7 @@ class _Rollout(Conversation):
             self.commit({"role": "user", "content": self.redact(msg)}, True)
         return out
 
+# %% ../../nbs/11_ingestion.codex.ipynb #f9ea129a
 def _history_message(ing, p):
     "(OpenAI message, is a prompt) for a user/developer/system/assistant `message` item; None for another role."
     role, text = p.get("role"), _parts_text(p.get("content"))

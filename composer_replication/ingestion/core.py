@@ -123,6 +123,7 @@ def _next_start(a, p):
     "Offset of the first '\\n\\n' at or after p that is followed by a marker, else len(a)."
     return min((j for j in (a.find("\n\n" + _THINK, p), a.find("\n\n" + _TOOL, p)) if j != -1), default=len(a))
 
+# %% ../../nbs/09_ingestion.core.ipynb #7600a472
 def _parse_tool(seg):
     "(block, length) for a segment starting '[TOOL_USE] name=N input={...}'; None when it is not one."
     head, sep, js = seg[len(_TOOL):].partition(" input=")

@@ -49,6 +49,7 @@ _SCREEN_SRC = (r"PRIVATE KEY|sk-[A-Za-z0-9_\-]{20}|[sr]k_(?:live|test)_|whsec_|g
                r"|" + _B64 + "{16}" + _NL + _B64 + "{16}"  # two lines of base64: a PEM body
                r"|" + _PREFIXED_SCREEN + r"|(?i:token|key|secret|passw(?:or)?d|pwd)>|(?i:passphrase|pass_phrase|private-lines|\"kty|password-stdin|webhook)|" + _CLI_SCREEN)
 
+# %% ../../nbs/08b_ingestion.redact.ipynb #fc1372d7
 def _make_screen():
     "`hit(text) -> bool`: False only when no rule below can match `text`; None without google-re2."
     if _re2 is None: return None
@@ -105,6 +106,7 @@ def _line_start(s, i):
         break
     return k == 0 or s[k - 1] in "\n\r" or s[max(0, k - 2):k] in ("\\n", "\\r")
 
+# %% ../../nbs/08b_ingestion.redact.ipynb #1093ea57
 def _line_end(s, j):
     "Whether nothing but spaces follows s[j] before the line's end, a `#` comment or a closing quote."
     n = len(s)
@@ -313,6 +315,7 @@ def _unwrap(text, counts):
         out += [text[pos:m.start()], red]; pos = m.end()
     return "".join(out) + text[pos:] if out else text
 
+# %% ../../nbs/08b_ingestion.redact.ipynb #848a29bd
 def _redact(text, counts):
     "The rules, in order, on text that passed the screen."
     low = text.lower()
@@ -352,6 +355,7 @@ def redact_secrets(text:str, # any string from a trace (plain text, or JSON text
     if "\\" in text or "\n" in text: text = _unwrap(text, c)
     return _redact(text, c)
 
+# %% ../../nbs/08b_ingestion.redact.ipynb #16708036
 def redact_json(value, # a JSON-like value: str, dict, list, or a scalar (returned as is)
                 counts:dict|None=None, # if given, counts[kind] += 1 for each redaction
                ): # a redacted copy of `value` (the input is not changed)

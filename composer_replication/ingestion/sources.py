@@ -23,6 +23,7 @@ SYSTEM_PROMPT = (
     "available to you to inspect files and run commands instead of guessing; make small, verifiable changes; and keep "
     "the user informed about what you did and why. Be concise.")
 
+# %% ../../nbs/09b_ingestion.sources.ipynb #8f660f2c
 @dataclass
 class IngestionStats:
     "Counters an ingester (`ClaudeCodeIngester`, `CodexIngester`, any `TraceSource`) fills while it streams, exposed as `ingester.last_stats`."
@@ -129,6 +130,7 @@ class TraceSourceBase:
 # %% ../../nbs/09b_ingestion.sources.ipynb #8b378b9f
 NO_RESULT = "[no tool result recorded]"   # the content of the error put in place of a tool result the log does not have
 
+# %% ../../nbs/09b_ingestion.sources.ipynb #905d1b94
 class Conversation:
     "The history of one conversation being read (a session, a subagent transcript, a rollout), its token window, and its turns closed into TraceStates."
     def __init__(self, ing:TraceSourceBase, # the adapter: its options (system prompt, window, redaction, strip_thinking)
@@ -236,6 +238,7 @@ def record_format(rec, # one parsed JSONL record (any JSON value)
     if not isinstance(rec, dict): return None
     return next((name for name, e in TRACE_SOURCES.items() if e.recognizes(rec)), None)
 
+# %% ../../nbs/09b_ingestion.sources.ipynb #5109627a
 def detect_trace_format(path:Path, # a trace file, or a folder (its first *.jsonl files in path order are looked at)
                         max_lines:int=5, # non-blank lines read per file
                        ) -> str: # a TRACE_SOURCES key ("claude-code", "codex", ...) or "unknown"
@@ -311,6 +314,7 @@ def _input_at(src, out):
     except OSError: return None
     return None
 
+# %% ../../nbs/09b_ingestion.sources.ipynb #7409f819
 def ingest_command(src:str, # a session .jsonl file or a folder of them
                    out:str, # where to write the TraceStates, one JSON object per line
                    *, skip_sidechain:bool=True, # skip subagent transcripts

@@ -127,6 +127,7 @@ def _side(action):
     "The chat messages of one side: one assistant message, from blocks or a string (`action_to_message`)."
     return [action_to_message(action)]
 
+# %% ../../nbs/16_replaysim.normalize.ipynb #834de778
 class DJNormalizer:
     "Normalize DPO pairs with a data-juicer recipe (or pass them through with `skip_dj=True`)."
     DEFAULT_RECIPE: ClassVar[Path] = Path(importlib.resources.files("composer_replication"))/"recipes"/"replaysim"/"default.yaml"

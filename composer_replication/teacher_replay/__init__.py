@@ -110,6 +110,7 @@ def _journaled(r):
     t = r.get("response_text")
     return {**r, "action": as_blocks(t) if isinstance(t, str) and r.get("error") is None else None}
 
+# %% ../../nbs/15g_teacher_replay.ipynb #90275bc2
 async def replay_trace(
     states:Sequence[TraceState], # the frozen trace, one entry per assistant turn
     teachers:Sequence[TeacherSpec]=tuple(DEFAULT_TEACHERS), # models to ask, with prices the budget reserves against

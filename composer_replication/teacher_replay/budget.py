@@ -25,6 +25,7 @@ def worst_case_usd(body_bytes:int, # length of the serialized request body
     "Upper bound on one call's cost: a token per body byte (plus tool preamble) and a full `max_tokens` reply."
     return ((body_bytes + PROMPT_OVERHEAD_TOKENS)*teacher["input_per_mtok"] + max_tokens*teacher["output_per_mtok"])/1e6
 
+# %% ../../nbs/15c_teacher_replay.budget.ipynb #4e42e5db
 class Budget:
     "Spend accounting that never lets spent + reserved exceed the cap; reservations are granted first come, first served."
     def __init__(self,

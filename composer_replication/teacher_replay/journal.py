@@ -33,6 +33,7 @@ JOURNAL_TAG = "composer_replication.teacher_replay journal"   # the `journal` fi
 class JournalWriteError(OSError):
     "A journal write failed (a full disk, ...): what was not written is counted in the message."
 
+# %% ../../nbs/15d_teacher_replay.journal.ipynb #d67cc997
 class Journal:
     "Append-only JSONL journal on `jsonl.JsonlAppender`: each record written and flushed when put, fsynced in groups by a thread."
     def __init__(self,
@@ -69,7 +70,6 @@ class Journal:
         if self.error is not None:
             raise JournalWriteError(f"could not write the replay journal {self.path}: {self.error}"
                                     + (f" ({self.lost} record(s) not written)" if self.lost else ""))
-
 
 # %% ../../nbs/15d_teacher_replay.journal.ipynb #61bcb8b7
 def _row_problem(r):
@@ -180,6 +180,7 @@ def check_journal_header(path:Any, # the journal (for the message)
             raise ValueError(f"journal {path} belongs to another run ({'; '.join(diffs)}): pass another journal path, "
                              "or delete this file to start over")
 
+# %% ../../nbs/15d_teacher_replay.journal.ipynb #c654b9dc
 def check_journal(path:str|Path, # a journal, or where one would be written
                   states:Sequence[TraceState], # the run's trace
                   teachers:Sequence[TeacherSpec], # the run's teachers

@@ -47,6 +47,7 @@ def _result_blocks(r, i):
     try: return as_blocks(a)
     except (TypeError, ValueError) as e: raise type(e)(f"teacher_actions[{i}]['action']: {e}") from None
 
+# %% ../../nbs/15f_teacher_replay.pairs.ipynb #62284638
 def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_trace`
                       teacher_actions:Sequence[TeacherCallResult], # its results
                       agreement_threshold:int=2, # teachers that must agree for a pair
@@ -93,7 +94,6 @@ def extract_dpo_pairs(states:Sequence[TraceState], # the trace given to `replay_
                              chosen_action=members[0][2], rejected_action=student))
     return pairs
 
-
 # %% ../../nbs/15f_teacher_replay.pairs.ipynb #95743432
 _log = logging.getLogger(__name__)
 PAIR_KEYS = ("state_id", "state_messages", "chosen", "rejected", "n_teachers_agreeing")   # the reference's DPOPair fields
@@ -129,6 +129,7 @@ def check_pair(p:Any, # a would-be DPOPair
     "Raise the TypeError/ValueError of `pair_problem`, naming `pairs[i]` and the field."
     if (bad := pair_problem(p)) is not None: raise bad[0](f"pairs[{i}]{bad[1]}")
 
+# %% ../../nbs/15f_teacher_replay.pairs.ipynb #60f2138b
 def pair_action(p:DPOPair, # a DPOPair
                 side:str, # "chosen" or "rejected"
                ) -> str|list[dict]: # the side's blocks when the pair has them, else its string
@@ -166,6 +167,7 @@ def load_pairs(path:str|Path, # JSONL written by `save_pairs`
     if st.bad: _log.warning("%s", st.report(str(path)))
     return out
 
+# %% ../../nbs/15f_teacher_replay.pairs.ipynb #5a8a82f5
 def _canonical_calls(m:dict) -> dict:
     "A message whose tool calls carry `canonical_arguments`: the text the collator and the evaluator render."
     if not m.get("tool_calls"): return m

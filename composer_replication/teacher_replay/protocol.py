@@ -93,6 +93,7 @@ def check_states(states:Sequence[TraceState], # a frozen trace
         seen.add(s["state_id"])
     return list(states)
 
+# %% ../../nbs/15a_teacher_replay.protocol.ipynb #86c0a340
 def check_teachers(teachers:Sequence[TeacherSpec], # the teachers of a run
                   ) -> list[TeacherSpec]: # the teachers, as a list
     "Validate teachers: a non-empty sequence of TeacherSpecs with unique slugs and finite prices >= 0."
@@ -151,6 +152,7 @@ def _add_args(seen, name, args):
     for k, v in (args.items() if isinstance(args, dict) else ()):
         props.setdefault(k, set()).add(next((n for t, n in _JSON_TYPES if isinstance(v, t)), "null"))
 
+# %% ../../nbs/15a_teacher_replay.protocol.ipynb #91fb4817
 def tool_specs(states:Sequence[TraceState], # the trace
               ) -> list[dict]: # OpenAI `tools`, sorted by name
     "Declare every tool the trace calls (history and student actions), with the argument names and JSON types seen."
@@ -333,6 +335,7 @@ def redact_blocks(blocks:Sequence[dict], # content blocks (an action)
         out.append(b)
     return out
 
+# %% ../../nbs/15a_teacher_replay.protocol.ipynb #73852e94
 def redact_state(state:TraceState, # one decision point
                  counts:dict|None=None, # if given, counts[kind] += 1 for each secret replaced
                 ) -> TraceState: # a copy with its messages, action and tools redacted
@@ -369,7 +372,6 @@ def key_scrubber(key:str|None, # the API key of a run
         if isinstance(v, (list, tuple)): return [scrub(x) for x in v]
         return v
     return scrub
-
 
 # %% ../../nbs/15a_teacher_replay.protocol.ipynb #0701c9e9
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})

@@ -61,6 +61,7 @@ def _err_text(data, raw):
     if isinstance(err, str): return err
     return raw[:1200].decode("utf-8", "replace")
 
+# %% ../../nbs/15f_teacher_replay.run.ipynb #21fca218
 class ReplayRun:
     "The shared state and workers of one `replay_trace` call: budget, journal, progress bar, results and what was not attempted."
     def __init__(self, http, provider, redact, budget, journal, pbar, retrying_kw, max_wait_s, max_tokens=1024, scrub=None,

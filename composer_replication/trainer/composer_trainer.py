@@ -83,6 +83,7 @@ def _diloco_settings(diloco, where) -> dict|None:
     except (TypeError, ValueError) as e: raise type(e)(f"{where}: diloco: {e}") from None
     return {"manager": manager, "model_fragments": frags, "options": options}
 
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #cdd89ebd
 def _resolve_fragments(model, frags, where) -> list:
     "`[model]`, or the named / given submodules, which must hold every trainable parameter (a left-out one would never sync)."
     if frags is None: return [model]
@@ -117,6 +118,7 @@ class _DiLoCoCallback(TrainerCallback):
     def on_save(self, args, state, control, **kw):
         self.trainer._diloco_save(os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #2033037d
 class _DiLoCoMixin:
     "What both trainers share for DiLoCo: the outer loop around the inner optimizer, its checkpoints, its healing state."
     def _init_diloco(self, settings, where):
@@ -293,6 +295,7 @@ def _trace_shards(n:int, # traces in the dataset
         batch, pool = pool[:size], pool[size:]
         yield batch[rank * per_process:(rank + 1) * per_process]
 
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #5f9f3016
 class ComposerReplicationTrainer(ChannelTrainerMixin, _DiLoCoMixin, GRPOTrainerBase):
     "TRL `GRPOTrainer` whose loss is GRPO + α·SDPO + β·trace-replay DPO, the trace channels fed by a side iterator."
     def __init__(self, *args,

@@ -114,6 +114,7 @@ def _reward(r, where:str, key:str) -> float|None:
 
 class _Uncacheable(Exception): pass
 
+# %% ../../nbs/20_trainer.data_collator.ipynb #e5a8e09f
 def _key_parts(x, out:list, depth:int=0):
     "Append a type-tagged, length-prefixed encoding of `x` to `out` (dict keys sorted): equal parts iff equal content and types."
     t = type(x)
@@ -379,6 +380,7 @@ def _turns(msgs:list[dict]) -> list[TraceTurn]:
         out.append(t)
     return out
 
+# %% ../../nbs/20_trainer.data_collator.ipynb #d18b2078
 def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace order
                                *,
                                pairs:Sequence[dict]|None=None, # DPOPairs to attach by state_id
@@ -417,6 +419,7 @@ def trace_examples_from_states(states:Sequence[dict], # TraceStates in trace ord
     for p in pairs: examples[where[p["state_id"]]]["dpo_pairs"].append(p)
     return examples
 
+# %% ../../nbs/20_trainer.data_collator.ipynb #1000e67e
 def trace_examples_from_session(path:str|Path, # a session file or a folder of them (Claude Code or Codex CLI)
                                 ingester=None, # a trace source (default: `make_ingester(source, path=path)`)
                                 pairs:Sequence[dict]|None=None, # DPOPairs to attach by state_id

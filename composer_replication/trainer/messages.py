@@ -68,6 +68,7 @@ def _generation_header(tokenizer) -> str:
     if not with_gen.startswith(without): raise ValueError("cannot find the chat template's generation prompt: it does not extend the conversation")
     return with_gen[len(without):]
 
+# %% ../../nbs/19_trainer.messages.ipynb #68d69297
 def _template_messages(messages, rx=None):
     "The messages as the template gets them: OpenAI keys, content a string, tool-call arguments canonical, special spellings marked (with `rx`)."
     out = []
@@ -102,6 +103,7 @@ def render_conversation(tokenizer:TokenizerLike, # has a chat template
     "The chat-template rendering of `messages` (and `tools`) as text, every tool call's arguments in `canonical_arguments` form."
     return _render(tokenizer, messages, add_generation_prompt, tools, protect)
 
+# %% ../../nbs/19_trainer.messages.ipynb #9b82eb19
 def _last_turn(tokenizer, before, p, f, tools=None, protect=False):
     "The final turn's text in `f` when `f` does not extend the prompt `p`: what follows its own generation header (None if it has none)."
     base = _render(tokenizer, before, False, tools, protect)
@@ -218,6 +220,7 @@ def _tool_call(c, where:str, default_id:str, stats=None) -> dict:
     return {"id": cid if cid is not None else default_id, "type": "function",
             "function": {"name": clean_text(name, stats), "arguments": _arguments(args, f"{where}", stats)}}
 
+# %% ../../nbs/19_trainer.messages.ipynb #8840f646
 def _error_meta(meta, where:str) -> dict|None:
     "A tool turn's `error_meta`: a dict whose hint-context fields have the types the hint templates expect."
     if meta is None: return None
@@ -233,6 +236,7 @@ def _error_meta(meta, where:str) -> dict|None:
         raise TypeError(f"{where}: error_meta['tool_schema'] must be a dict whose 'required' is a list of strings")
     return meta or None
 
+# %% ../../nbs/19_trainer.messages.ipynb #dfb267c0
 def messages_from_turns(turns:list[TraceTurn], # trace turns (or DPO prompt messages): dicts with a role
                         where:str="", # how errors name the trace ("example 2 (trace 't')"); "" names the turn alone
                         item:str="turn", # how errors name one entry ("turn", "message")

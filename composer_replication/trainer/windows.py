@@ -68,6 +68,7 @@ def _cut_inside(msgs:list[dict], count:Callable[[list[dict]], int], limit:int, p
         msgs[j] = {**msgs[j], "content": c[:keep//2] + _CUT_MARK.format(n=cut) + c[len(c) - (keep - keep//2):]}
     return msgs if count(msgs) <= limit else None
 
+# %% ../../nbs/19b_trainer.windows.ipynb #8c4bba24
 def shared_prompt_sides(tokenizer:TokenizerLike, # has a chat template
                         prompt:list[dict], # the state's messages (OpenAI-style)
                         actions:list[dict], # the responses as assistant messages (e.g. [chosen, rejected])
@@ -126,6 +127,7 @@ def _pair_action(p:dict) -> dict|None:
     try: return action_to_message(as_blocks(p["chosen_action"]) if p.get("chosen_action") is not None else p["chosen"])
     except (KeyError, TypeError, ValueError): return None
 
+# %% ../../nbs/19b_trainer.windows.ipynb #8d8a0e54
 def solutions(messages:list[dict], # a whole trace's messages (`messages_from_turns`), in order
               pairs:Sequence[dict]|None=None, # its DPO pairs (state_messages, chosen): the teachers' consensus at a state
               sources:Sequence[str]=SOLUTION_SOURCES, # "teachers" and/or "hindsight", in order of preference
@@ -200,6 +202,7 @@ def part_row(ids:list[int], # a window's tokens (`window_tokens`)
     c, x, y = parts[i]
     return ids[:head] + ids[c:y], [0] * head + [int(trained[t] and t >= x) for t in range(c, y)]
 
+# %% ../../nbs/19b_trainer.windows.ipynb #e7876c41
 def _parts_of(win, tokenizer, tools, L, reserve) -> list[tuple[int, int, int]]:
     "The parts (i, n, context) of a window too long even for its target step alone; [] when its head leaves no room for a slice."
     ids, trained, h = window_tokens(tokenizer, [m for m in messages_from_turns(win) if not is_empty_assistant(m)], tools)
@@ -243,6 +246,7 @@ def _where(ex) -> str:
     tid = ex.get("trace_id") if isinstance(ex, dict) else None
     return "example" + (f" (trace {tid!r:.60})" if tid is not None else "")
 
+# %% ../../nbs/19b_trainer.windows.ipynb #187224fb
 def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pairs, reward
                   *,
                   tokenizer:TokenizerLike, # has a chat template
@@ -345,6 +349,7 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
     stats["windows"] += len(out); stats["traces_windowed"] += 1
     return out
 
+# %% ../../nbs/19b_trainer.windows.ipynb #e65f2f35
 def _window_turn(m:dict, turn:dict, target:bool, solution) -> dict:
     "A trace turn as a window holds it: context assistant turns get train=False, failed results the whole trace's solution."
     t = dict(turn)

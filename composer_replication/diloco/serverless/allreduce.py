@@ -264,6 +264,7 @@ class _CallableInt(int):
     "An int that can also be called, so `m.num_participants` and torchft-style `m.num_participants()` both work."
     def __call__(self) -> int: return int(self)
 
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #2224a615
 class MockManager:
     "A `torchft.Manager` stand-in for serverless DiLoCo: `allreduce` goes through an `ObjectStoreAllReduce`, quorum and commit always succeed."
     def __init__(self, store:ObjectStoreAllReduce): # this replica's rendezvous

@@ -162,6 +162,7 @@ def _signame(code:int) -> str:
     try: return signal.Signals(-code).name
     except (ValueError, TypeError): return f"signal {-code}"
 
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #7642e7eb
 class LocalProcessExecutor:
     "Run replicas as local `spawn`ed processes: the reference `ServerlessExecutor` for tests, CI and local runs with `file://` rendezvous."
     backend_name = "local_process"

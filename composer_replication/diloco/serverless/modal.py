@@ -181,6 +181,7 @@ class _FakeLogs:
         except FileNotFoundError: lines = []
         for line in lines[-entries:] if entries > 0 else []: yield SimpleNamespace(message=line)
 
+# %% ../../../nbs/36_diloco.serverless.modal.ipynb #3c5205a8
 class _FakeFunctionCall:
     "Stands in for `modal.FunctionCall`: the call runs as a local process; `get`, `cancel`, `logs` and `object_id` behave as Modal documents."
     def __init__(self, proc, out:str, log:str, timeout:float|None):
@@ -218,6 +219,7 @@ class _FakeFunctionCall:
         self._cancelled = True
         if terminate_containers: self._kill()
 
+# %% ../../../nbs/36_diloco.serverless.modal.ipynb #47bd41ca
 class _FakeModalFunction:
     "Stands in for a deployed `modal.Function` whose body is `body`; `spawn` runs it in a local process (log and output in `workdir`)."
     def __init__(self, body:Callable=None, *, workdir:str|None=None, options:dict|None=None, calls:list|None=None):

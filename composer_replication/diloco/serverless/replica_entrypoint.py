@@ -67,6 +67,7 @@ def _progressions(g, B:int, T:int, V:int):
     a = torch.randint(0, V, (B, 1), generator=g); b = torch.randint(1, 5, (B, 1), generator=g)
     return (a + b * torch.arange(T)) % V
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #5ec1842f
 def train_tiny_replica(manager:Any=None, # MockManager / torchft Manager (None only with use_diloco=False)
                        rank:int=0, # this replica's rank: selects its data shard
                        world_size:int=1, # number of replicas (informational)
@@ -335,6 +336,7 @@ def _torchft_loopback():
     def _manager_server(*args, bind, **kwargs): return orig(*args, bind=bind.replace("[::]", "127.0.0.1"), **kwargs)
     tm.ManagerServer, tm._composer_loopback = _manager_server, True
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #9fa7cc98
 def torchft_manager(replica_id:str, # this replica group's id in the quorum
                     *,
                     lighthouse:str|None=None, # lighthouse URL (None => $TORCHFT_LIGHTHOUSE)
@@ -375,6 +377,7 @@ def _hostname() -> str:
     import socket
     return socket.gethostname()
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #8c50bdaa
 def run_torchft_replica(spec:Mapping[str, Any]|None=None, # the replica spec (its 'diloco' options; the manager is made here)
                         *,
                         replica_id:str, # this replica group's id
@@ -416,6 +419,7 @@ def cli(argv:list[str]|None=None) -> int:
     print(text[:100_000])
     return 0
 
+# %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #79016506
 def _torchft_cli(argv:list[str]) -> int:
     "`torchft` subcommand: one torchft replica group training a replica spec."
     p = argparse.ArgumentParser(prog="python -m composer_replication.diloco.serverless.replica_entrypoint torchft",

@@ -68,6 +68,7 @@ async def score_completions(reward_funcs, # a callable (prompt, completion) -> f
             out[i] += w * float(v)
     return out
 
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #f86606ad
 class RewarderActor(RecipeActor):
     "Scores completions with reward callables `(prompt, completion) -> float` (a verifiers-style protocol)."
     role = "rewarder"
@@ -101,6 +102,7 @@ def _trace_key(states) -> str:
 
 _POOL_OWN = ("states", "teachers", "max_total_usd", "api_key", "base_url", "journal", "progress")
 
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #6a08c285
 class TeacherPoolActor(RecipeActor):
     "Channel-3 teacher pool: replays traces against the teachers (`replay_trace`) under one budget, journaled; returns TraceExamples with DPO pairs."
     role = "teacher_pool"
@@ -213,6 +215,7 @@ def local_actors(reward_funcs, # what the rewarder scores with: a callable (prom
         out = {name: meshes.get(name, meshes["services"]).spawn(name, cls, *args, **kw) for name, cls, args, kw in specs}
         yield SimpleNamespace(**{"teacher_pool": None, **out})
 
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #2a815455
 def run_actor_loop(actors, # `local_actors(...)`'s namespace, or anything with trainer, generator, rewarder (and teacher_pool) actors
                    prompts:Sequence[str], # the rollout prompts of every step
                    *,

@@ -63,6 +63,7 @@ def _masked_mean(values, mask):
     if values.dtype == torch.bool: values = values.float()
     return torch.where(mask, values, 0.0).sum() / mask.sum().clamp_min(1)
 
+# %% ../../../nbs/50_recipes.prime_rl.composer_loss.ipynb #6d87981a
 def _composer_loss(inputs, alpha_sdpo, beta_dpo, dppo_mask_high, dppo_mask_low, adv_tau, kl_tau, metrics):
     alpha = check_range(alpha_sdpo, "alpha_sdpo", 0.0)
     high, low = check_range(dppo_mask_high, "dppo_mask_high", 0.0), check_range(dppo_mask_low, "dppo_mask_low", 0.0)

@@ -132,7 +132,7 @@ def step_impls(student, device, dtype, max_seq_len=1024, max_dpo_seq_len=512, tr
     from trainer import _setup
     model, tok = load_student(student, dtype=dtype, device=device)
     model.train()
-    from composer_replication.recipe_build import train_top_layers
+    from composer_replication.models import train_top_layers
     trained = train_top_layers(model, train_layers)
     tok, examples, collator = _setup(tok, max_seq_len, max_dpo_seq_len)
     ref = copy.deepcopy(model).eval()

@@ -48,7 +48,7 @@ def worker(cfg: str, steps: int, warmup: int, max_seq_len: int, max_dpo_seq_len:
     from composer_replication.hint_generator import dispatch
     from composer_replication.ingestion.claude_code import ClaudeCodeIngester
     from composer_replication.models import load_student
-    from composer_replication.recipe_build import train_top_layers
+    from composer_replication.models import train_top_layers
     from composer_replication.trainer import ComposerOfflineTrainer
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     logging.getLogger("transformers").setLevel(logging.ERROR); warnings.filterwarnings("ignore")

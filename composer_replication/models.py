@@ -27,7 +27,8 @@ from .ingestion.core import render_action
 # %% auto #0
 __all__ = ['STUDENTS', 'SMOLLM2_INSTALL', 'SMOLLM2_TEMPLATE_PATH', 'LORA_INSTALL', 'LORA_DEFAULTS', 'student_cache_dir',
            'atomic_build_dir', 'smollm2_gguf_path', 'smollm2_dir', 'smollm2_chat_template', 'parse_tool_calls',
-           'completion_to_action', 'lora_config', 'add_lora', 'is_adapter_folder', 'load_student']
+           'completion_to_action', 'lora_config', 'add_lora', 'is_adapter_folder', 'adapters_trained',
+           'train_top_layers', 'load_student']
 
 # %% ../nbs/23_models.ipynb #d697f143
 STUDENTS = {  # built-in student names -> what they are
@@ -288,6 +289,33 @@ def _load_adapter_folder(folder:Path, dt, dev, cache_dir):
     except (OSError, ValueError, RuntimeError, KeyError) as e:
         raise ValueError(f"{folder}: the adapters do not load onto {base}: {type(e).__name__}: {' '.join(str(e).split())[:300]}") from e
     return pm.eval(), tok
+
+# %% ../nbs/23_models.ipynb #63852cc4
+def adapters_trained(model) -> dict:
+    "What trains in a peft model (the `train_top_layers` summary)."
+    cfg = model.peft_config["default"]
+    tm = cfg.target_modules
+    tm = sorted({str(m).rsplit(".", 1)[-1] for m in tm}) if isinstance(tm, (set, frozenset, list, tuple)) else tm   # the projections' names, once
+    return {"layers": f"LoRA adapters (r={cfg.r}, alpha={cfg.lora_alpha:g}) on {tm}",
+            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": sum(p.numel() for p in model.parameters())}
+
+def train_top_layers(model, # a Hugging Face causal LM
+                     k:int|None, # decoder layers that train, counted from the top; None: everything trains
+                    ) -> dict: # {"layers": what trains, "trainable_params": n, "params": n}
+    "Freeze all but the top `k` decoder layers and the final norm (the embeddings and the LM head stay frozen too)."
+    import torch
+    n_all = sum(p.numel() for p in model.parameters())
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
+    layers = getattr(dec, "layers", None)
+    if k is not None and not isinstance(layers, torch.nn.ModuleList): raise ValueError(f"{type(model).__name__} has no decoder layer list to choose from")
+    if k is None or k >= len(layers):
+        what = f"all {len(layers)} layers" if isinstance(layers, torch.nn.ModuleList) else "all layers"
+    else:
+        model.requires_grad_(False)
+        for m in [*layers[-k:], getattr(dec, "norm", None)]:
+            if m is not None: m.requires_grad_(True)
+        what = f"the top {k} of {len(layers)} layers"
+    return {"layers": what, "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": n_all}
 
 # %% ../nbs/23_models.ipynb #4eb40843
 _DTYPES = ("float32", "bfloat16", "float16", "float64")

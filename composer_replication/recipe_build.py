@@ -14,12 +14,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from .models import adapters_trained, train_top_layers
 from .recipe import (BUILTIN_MODELS, HINT_GENERATORS, REPORT_TO_PACKAGES, Recipe, RecipeError, collator_config_kwargs, did_you_mean, recipe_error,
                                          save_recipe)
 
 # %% auto #0
-__all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'adapters_trained', 'train_top_layers', 'recipe_data',
-           'recipe_model', 'reference_collator', 'build_trainer', 'channel_progress', 'run_metrics', 'train_recipe']
+__all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'recipe_data', 'recipe_model', 'reference_collator',
+           'build_trainer', 'channel_progress', 'run_metrics', 'train_recipe']
 
 # %% ../nbs/27b_recipe_build.ipynb #61b96aeb
 def _import_callable(spec:str, key:str):
@@ -204,33 +205,6 @@ def load_recipe_model(recipe:Recipe) -> tuple[Any, Any]:
         except (TypeError, ValueError) as e: raise recipe_error("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
     return model, tok
 
-# %% ../nbs/27b_recipe_build.ipynb #63852cc4
-def adapters_trained(model) -> dict:
-    "What trains in a peft model (the `train_top_layers` summary)."
-    cfg = model.peft_config["default"]
-    tm = cfg.target_modules
-    tm = sorted({str(m).rsplit(".", 1)[-1] for m in tm}) if isinstance(tm, (set, frozenset, list, tuple)) else tm   # the projections' names, once
-    return {"layers": f"LoRA adapters (r={cfg.r}, alpha={cfg.lora_alpha:g}) on {tm}",
-            "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": sum(p.numel() for p in model.parameters())}
-
-def train_top_layers(model, # a Hugging Face causal LM
-                     k:int|None, # decoder layers that train, counted from the top; None: everything trains
-                    ) -> dict: # {"layers": what trains, "trainable_params": n, "params": n}
-    "Freeze all but the top `k` decoder layers and the final norm (the embeddings and the LM head stay frozen too)."
-    import torch
-    n_all = sum(p.numel() for p in model.parameters())
-    dec = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
-    layers = getattr(dec, "layers", None)
-    if k is not None and not isinstance(layers, torch.nn.ModuleList): raise recipe_error("train_layers", f"{type(model).__name__} has no decoder layer list to choose from")
-    if k is None or k >= len(layers):
-        what = f"all {len(layers)} layers" if isinstance(layers, torch.nn.ModuleList) else "all layers"
-    else:
-        model.requires_grad_(False)
-        for m in [*layers[-k:], getattr(dec, "norm", None)]:
-            if m is not None: m.requires_grad_(True)
-        what = f"the top {k} of {len(layers)} layers"
-    return {"layers": what, "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad), "params": n_all}
-
 # %% ../nbs/27b_recipe_build.ipynb #87c9b14c
 def recipe_data(recipe:Recipe) -> dict:
     "The run's data: states, pairs and the TraceExamples made from them (bad JSONL lines skipped and counted)."
@@ -266,7 +240,9 @@ def _prompts(recipe:Recipe, states:list[dict]):
 def recipe_model(recipe:Recipe) -> tuple[Any, Any, dict]:
     "The recipe's (model, tokenizer, what trains): `load_recipe_model`, then its top `train_layers` or its LoRA adapters set to train."
     model, tok = load_recipe_model(recipe)
-    return model, tok, adapters_trained(model) if recipe.lora is not None else train_top_layers(model, recipe.train_layers)
+    if recipe.lora is not None: return model, tok, adapters_trained(model)
+    try: return model, tok, train_top_layers(model, recipe.train_layers)
+    except ValueError as e: raise recipe_error("train_layers", str(e)) from None
 
 def _collator(recipe:Recipe, tok):
     "The recipe's ComposerDataCollator: its collator section, the hint generator by name, the tokenizer's pad id unless the recipe sets one."

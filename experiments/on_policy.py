@@ -52,7 +52,7 @@ def run(s:Settings, out:Path, work:Path) -> dict:
     from composer_replication.hint_generator import dispatch
     from composer_replication.models import load_student
     from composer_replication.on_policy import OnPolicyComposerTrainer
-    from composer_replication.recipe_build import train_top_layers
+    from composer_replication.models import train_top_layers
     from composer_replication.task_suite import load_expected, make_task_suite, suite_ingester
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     set_determinism(s.seed, s.device)

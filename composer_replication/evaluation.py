@@ -4,7 +4,7 @@
 
 # %% ../nbs/26_evaluation.ipynb #e3861e37
 from __future__ import annotations
-import inspect, math, sys, time
+import math, sys, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -13,6 +13,7 @@ from .ingestion.claude_code import ClaudeCodeIngester
 from .ingestion.core import action_to_message
 from .jsonl import write_jsonl
 from .models import completion_to_action, load_student, parse_tool_calls
+from .decoding import decode_batch, stop_token_ids
 from .hint_generator import match_tool_results, tool_calls_of
 from .task_suite import CLAUDE_CODE_TOOLS, action_matches, load_expected, suite_ingester
 from .trainer.data_collator import assistant_spans, render_conversation
@@ -102,92 +103,6 @@ def _step_prompt(tokenizer, messages, tools, cap):
     build = lambda c: render_conversation(tokenizer, tails[c], add_generation_prompt=True, tools=tools, protect=True)
     text, c = first_fit(build, len(tails), lambda t: len(_encode(tokenizer, t)) <= cap)
     return (text, tails[c]) if len(_encode(tokenizer, text)) <= cap else None
-
-# %% ../nbs/26_evaluation.ipynb #e6fd7ac1
-_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
-
-def _after_calls(text):
-    "End offset of the last complete tool call when text follows it that does not open another call; else None."
-    e = text.rfind(_CALL_CLOSE)
-    if e < 0: return None
-    e += len(_CALL_CLOSE)
-    tail = text[e:].lstrip()
-    if not tail or tail.startswith(_CALL_OPEN) or _CALL_OPEN.startswith(tail): return None
-    return e
-
-def _stop_ids(model, tokenizer):
-    ids = set()
-    for v in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(v, int): ids.add(v)
-        elif isinstance(v, (list, tuple)): ids.update(x for x in v if isinstance(x, int))
-    return ids
-
-def _cache_kw(model):
-    "The forward keyword of the KV cache: `cache` (recent transformers 5) or `past_key_values`."
-    try: params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError): return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
-
-# %% ../nbs/26_evaluation.ipynb #f3bcaeec
-def _run_batch(model, tokenizer, items, *, generate, max_new_tokens, stop_ids, device, first_call=False):
-    "One left-padded batch: prefill the prompts once, score the continuations from that cache, then decode greedily."
-    # returns (new-token counts, stop reasons, {side: summed log p} per item, generated texts)
-    import torch
-    B = len(items)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), 0)
-    L = max(len(it["prompt_ids"]) for it in items)
-    ids = torch.full((B, L), pad, dtype=torch.long); mask = torch.zeros((B, L), dtype=torch.long)
-    for b, it in enumerate(items):
-        n = len(it["prompt_ids"]); ids[b, L - n:] = torch.tensor(it["prompt_ids"]); mask[b, L - n:] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    lens = mask.sum(1)                                               # (B,) real prompt lengths
-    kw = _cache_kw(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    last = out.logits[:, -1].float()                                 # (B, V) next-token logits
-    scores = [{} for _ in items]
-    sides = sorted({k for it in items for k in it["conts"]})
-    for side in sides:  # summed log p of each continuation, from the prompt's cache (cropped back after each side)
-        conts = [it["conts"].get(side) or [pad] for it in items]
-        C = max(map(len, conts))
-        cids = torch.full((B, C), pad, dtype=torch.long); cm = torch.zeros((B, C), dtype=torch.long)
-        for b, c in enumerate(conts): cids[b, :len(c)] = torch.tensor(c); cm[b, :len(c)] = 1
-        cids, cm = cids.to(device), cm.to(device)
-        o = model(input_ids=cids, attention_mask=torch.cat([mask, cm], 1), position_ids=lens[:, None] + torch.arange(C, device=device),
-                  **{kw: cache}, use_cache=True)
-        logits = torch.cat([last[:, None], o.logits[:, :-1].float()], 1)  # (B, C, V): logits[:, j] predicts cids[:, j]
-        tok_lp = logits.gather(2, cids[..., None]).squeeze(-1) - logits.logsumexp(-1)  # (B, C)
-        summed = (tok_lp * cm).sum(1).tolist()
-        for b, it in enumerate(items):
-            if it["conts"].get(side): scores[b][side] = summed[b]
-        cache.crop(L - cache.get_seq_length())  # a negative count: remove that many tokens
-        del o, logits
-    gens, stops = [[] for _ in items], [None] * B
-    if not generate: return [None] * B, [None] * B, scores, [None] * B
-    texts = [""] * B
-    active, cur, attn, pos = list(range(B)), last.argmax(-1), mask, lens.clone()
-    while active:
-        keep = []
-        for j, b in enumerate(active):
-            t = int(cur[j])
-            if t in stop_ids: stops[b] = "eos"; continue
-            gens[b].append(t); texts[b] = tokenizer.decode(gens[b], skip_special_tokens=False)
-            if first_call and (e := texts[b].find(_CALL_CLOSE)) >= 0:
-                texts[b] = texts[b][:e + len(_CALL_CLOSE)]; stops[b] = "first_tool_call"; continue
-            if (e := _after_calls(texts[b])) is not None: texts[b] = texts[b][:e]; stops[b] = "after_tool_call"; continue
-            if len(gens[b]) >= max_new_tokens: stops[b] = "max_new_tokens"; continue
-            keep.append(j)
-        if not keep: break
-        if len(keep) < len(active):
-            sel = torch.tensor(keep, device=device)
-            cache.batch_select_indices(sel); cur, attn, pos = cur[sel], attn[sel], pos[sel]
-            active = [active[j] for j in keep]
-        attn = torch.cat([attn, attn.new_ones((len(active), 1))], 1)
-        o = model(input_ids=cur[:, None], attention_mask=attn, position_ids=pos[:, None], **{kw: cache}, use_cache=True)
-        pos = pos + 1
-        cur = o.logits[:, -1].argmax(-1)
-    return [len(g) for g in gens], stops, scores, texts
 
 # %% ../nbs/26_evaluation.ipynb #7b8f142b
 @dataclass
@@ -301,7 +216,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
         from tqdm.auto import tqdm
         dev = torch.device(device) if device is not None else next(model.parameters()).device
         if device is not None: model.to(dev)
-        stop_ids, ctx = _stop_ids(model, tokenizer), getattr(getattr(model, "config", None), "max_position_embeddings", None)
+        stop_ids, ctx = stop_token_ids(model, tokenizer), getattr(getattr(model, "config", None), "max_position_embeddings", None)
         def fit(pids, conts):  # drop the oldest prompt tokens that would not leave room for the reply
             caps = [c for c in (max_prompt_tokens, ctx - max([max_new_tokens, *map(len, conts)]) if ctx else None) if c is not None]
             k = max(1, min(caps)) if caps else None
@@ -327,7 +242,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
         batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
         with torch.no_grad():
             for bt in tqdm(batches, desc="eval", unit="batch", disable=not progress, file=sys.stderr, leave=False):
-                out = _run_batch(model, tokenizer, [items[i] for i in bt], generate=generate,
+                out = decode_batch(model, tokenizer, [items[i] for i in bt], generate=generate,
                                  max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev, first_call=stop_at_first_call)
                 for j, i in enumerate(bt):
                     logps[i].update(out[2][j])
@@ -335,7 +250,7 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
             for i, side, pre, seg in separate:
                 c = _encode(tokenizer, seg)
                 pids, _ = fit(_encode(tokenizer, pre), [c])
-                out = _run_batch(model, tokenizer, [{"prompt_ids": pids, "conts": {side: c}}], generate=False,
+                out = decode_batch(model, tokenizer, [{"prompt_ids": pids, "conts": {side: c}}], generate=False,
                                  max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev)
                 logps[i].update(out[2][0]); ntok[i][side] = len(c)
     if generate_fn is not None:

@@ -17,9 +17,9 @@ _all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "SUITE_TOOLS", "RE
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['SUITE_FORMAT', 'SUITE_TEACHERS', 'SuiteSession', 'make_session', 'score_actions', 'error_sites', 'make_task_suite',
-           'load_expected', 'suite_ingester', 'suite_names', 'suite_policies', 'SPLITS', 'TASKS', 'SCENARIOS',
-           'CLAUDE_CODE_TOOLS', 'SUITE_TOOLS', 'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES', 'action_matches']
+__all__ = ['SUITE_FORMAT', 'SUITE_TEACHERS', 'SuiteSession', 'make_session', 'error_sites', 'make_task_suite', 'load_expected',
+           'suite_ingester', 'suite_names', 'suite_policies', 'SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS',
+           'SUITE_TOOLS', 'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES', 'action_matches']
 
 # %% ../nbs/25_task_suite.ipynb #b596a672
 def _camel(name):
@@ -275,26 +275,6 @@ def make_session(split:str="train", # "train" or "heldout": which vocabulary the
     return _session(split, random.Random(f"composer-task-suite/session/{split}/{seed}"), task, scenario, recovery_rate)
 
 # %% ../nbs/25_task_suite.ipynb #c9fd0d1b
-def score_actions(expected:Sequence[dict], # expected-action rows (`load_expected`)
-                  predictions:dict, # state_id -> predicted action (anything `action_matches` takes); missing = wrong
-                 ) -> dict: # accuracy overall, at error-recovery states, at first attempts, and per error kind
-    "Score predicted actions against the right ones: overall, at error-recovery states, and per error kind."
-    if not isinstance(predictions, dict): raise TypeError(f"predictions must be a dict state_id -> action, got {type(predictions).__name__}")
-    hits, groups = [], {}
-    for r in expected:
-        p = predictions.get(r["state_id"])
-        ok = p is not None and action_matches(p, r)
-        hits.append(ok)
-        if r.get("error_recovery"):
-            groups.setdefault("recovery", []).append(ok)
-            if r.get("attempt") == 0: groups.setdefault("first_attempt", []).append(ok)
-            groups.setdefault(f"kind:{r.get('error_kind')}", []).append(ok)
-    acc = lambda xs: sum(xs) / len(xs) if xs else float("nan")
-    out = {"n": len(hits), "accuracy": acc(hits), "missing": sum(r["state_id"] not in predictions for r in expected)}
-    for k in ("recovery", "first_attempt"): out[f"n_{k}"], out[f"{k}_accuracy"] = len(groups.get(k, [])), acc(groups.get(k, []))
-    out["by_kind"] = {k[5:]: {"n": len(v), "accuracy": acc(v)} for k, v in sorted(groups.items()) if k.startswith("kind:")}
-    return out
-
 def error_sites(states:Sequence[dict], # TraceStates from `ClaudeCodeIngester`
                 available_tools:list[str]|None=None, # tools the agent could call (passed to `classify_error`)
                ) -> list[dict]: # one per failed tool result: state_id (the state that sees it), tool, input, text, kind

@@ -355,7 +355,8 @@ def _cmd_pairs(args) -> int:
 
 # %% ../nbs/41_cli_stages.ipynb #ec96b6e3
 def _cmd_train(args) -> int:
-    from composer_replication.recipe import RecipeError, load_recipe
+    from composer_replication.recipe import load_recipe
+    from composer_replication.recipe_checks import RecipeError
     from composer_replication.recipe_build import check_recipe, train_recipe
     stage("reading the recipe")
     try:

@@ -159,7 +159,8 @@ class DemoConfig:
                 raise _bad("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
         self.loss = _loss_config(self.loss, self.alpha_sdpo, self.beta_replay)   # last: a bad flag is reported before torch is imported
         self.alpha_sdpo, self.beta_replay = self.loss.alpha_sdpo, self.loss.beta_replay
-        from composer_replication.recipe import RecipeError, recipe_from_demo
+        from composer_replication.recipe import recipe_from_demo
+        from composer_replication.recipe_checks import RecipeError
         try: recipe_from_demo(self)   # the run it describes: its options (steps, lr, caps, seed, budget, loss) checked once, by the recipe's rules
         except RecipeError as e: raise self._flag_error(e) from None
         for k in ("steps", "max_seq_len", "max_dpo_seq_len", "seed"): setattr(self, k, int(getattr(self, k)))
@@ -328,7 +329,8 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     from composer_replication.trainer.composer_trainer import loss_view
     from composer_replication.trainer.data_collator import ComposerDataCollator
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
-    from composer_replication.recipe import RecipeError, recipe_from_demo, save_recipe
+    from composer_replication.recipe import recipe_from_demo, save_recipe
+    from composer_replication.recipe_checks import RecipeError
     from composer_replication.recipe_build import TINY_BASE, build_trainer, channel_progress, recipe_model, run_metrics
     t_imports, t1 = time.perf_counter() - t1, time.perf_counter()
     sizes = demo_sizes(cfg.model)

@@ -1,7 +1,8 @@
 """Recipe files end to end: `train --config` on the recipe of a demo run reproduces its training, and a GRPO recipe trains.
 
-The recipe module's own checks (keys, values, paths, preflight) are lesson cells in nbs/27_recipe.ipynb; the staged commands
-are in nbs/tutorials/staged_workflow.ipynb. These two need the demo (a higher layer than the recipe module) or take longer.
+The recipe modules' own checks are lesson cells: values in nbs/27a_recipe_checks.ipynb, keys and paths in nbs/27b_recipe.ipynb,
+the preflight in nbs/27c_recipe_build.ipynb; the staged commands are in nbs/tutorials/staged_workflow.ipynb. These two need
+the demo (a higher layer than the recipe modules) or take longer.
 """
 from __future__ import annotations
 

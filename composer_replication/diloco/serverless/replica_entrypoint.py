@@ -166,7 +166,8 @@ def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_
                   ):
     "The `Recipe` a replica trains: `spec['recipe']`, or the one its run fields make (`model_seed` is the recipe's `seed`, `loss_config` its `loss`, `training_args` its `training`, over `TRAINING_DEFAULTS`)."
     import dataclasses, tempfile
-    from composer_replication.recipe import Recipe, RecipeError, load_recipe
+    from composer_replication.recipe import Recipe, load_recipe
+    from composer_replication.recipe_checks import RecipeError
     s = check_replica_spec(spec)
     if s["recipe"] is not None:
         r = s["recipe"]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .loss import LossConfig
-from .recipe_checks import (REPORT_TO_PACKAGES, RESERVED_TRAINING, RecipeError, check_number, check_training, check_typed,
+from .recipe_checks import (REPORT_TO_PACKAGES, RESERVED_TRAINING, RecipeError, recipe_number, check_training, check_typed,
                                                 clip_message, did_you_mean, recipe_error, training_fields)
 
 # %% auto #0
@@ -76,7 +76,7 @@ class DataSpec:
 
     def __post_init__(self):
         for k in ("states", "pairs", "prompts"): setattr(self, k, _path(getattr(self, k), f"data.{k}"))
-        self.final_reward = check_number(self.final_reward, "data.final_reward", none_ok=True)
+        self.final_reward = recipe_number(self.final_reward, "data.final_reward", none_ok=True)
         _int(self.repeat, "data.repeat", 1, none_ok=True)
 
 # %% ../nbs/27b_recipe.ipynb #0bd92aa3
@@ -123,7 +123,7 @@ class ReplaySpec:
             from composer_replication.teacher_replay.providers import check_env_name
             try: check_env_name(self.api_key_env, "replay.api_key_env")
             except ValueError as e: raise RecipeError(str(e)) from None
-        self.max_usd = check_number(self.max_usd, "replay.max_usd", 0, hi_open=True, none_ok=True)
+        self.max_usd = recipe_number(self.max_usd, "replay.max_usd", 0, hi_open=True, none_ok=True)
 
 # %% ../nbs/27b_recipe.ipynb #4d2ed411
 @dataclass
@@ -140,8 +140,8 @@ class DiLoCoSpec:
     def __post_init__(self):
         _bool(self.enabled, "diloco.enabled"); _bool(self.nesterov, "diloco.nesterov")
         _int(self.world_size, "diloco.world_size", 1); _int(self.sync_every, "diloco.sync_every", 1)
-        self.outer_lr = check_number(self.outer_lr, "diloco.outer_lr", 0, lo_open=True)
-        self.outer_momentum = check_number(self.outer_momentum, "diloco.outer_momentum", 0, 1, hi_open=True)
+        self.outer_lr = recipe_number(self.outer_lr, "diloco.outer_lr", 0, lo_open=True)
+        self.outer_momentum = recipe_number(self.outer_momentum, "diloco.outer_momentum", 0, 1, hi_open=True)
         _opt_str(self.rendezvous, "diloco.rendezvous")
 
 # %% ../nbs/27b_recipe.ipynb #c0f52d5a

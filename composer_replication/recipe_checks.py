@@ -13,7 +13,7 @@ from collections import abc
 
 # %% auto #0
 __all__ = ['RESERVED_TRAINING', 'TRAINING_RANGES', 'REPORT_TO_PACKAGES', 'RecipeError', 'clip_message', 'recipe_error',
-           'did_you_mean', 'check_number', 'check_typed', 'training_fields', 'check_training', 'check_trackers']
+           'did_you_mean', 'recipe_number', 'check_typed', 'training_fields', 'check_training', 'check_trackers']
 
 # %% ../nbs/27a_recipe_checks.ipynb #bd511e41
 class RecipeError(ValueError):
@@ -35,7 +35,7 @@ def did_you_mean(k, allowed):
     return f" (did you mean {m[0]!r}?)" if m else ""
 
 # %% ../nbs/27a_recipe_checks.ipynb #22794f4d
-def check_number(v, # a value as read from YAML
+def recipe_number(v, # a value as read from YAML
                  key:str, # its dotted key, for the message
                  lo:float=-math.inf, # the lower bound
                  hi:float=math.inf, # the upper bound
@@ -103,7 +103,7 @@ def check_typed(values:abc.Mapping, # option name -> value, as read from YAML
         if _fits(v, tp) is False:
             raise recipe_error(f"{where}.{k}", f"must be {_type_name(tp)}, got {v!r:.60}")
         if k in (ranges or {}) and isinstance(v, (int, float)) and not isinstance(v, bool):
-            check_number(v, f"{where}.{k}", *ranges[k])
+            recipe_number(v, f"{where}.{k}", *ranges[k])
     return dict(values)
 
 # %% ../nbs/27a_recipe_checks.ipynb #9d40735e

@@ -13,6 +13,8 @@ from .hint_generator import match_tool_results, tool_calls_of
 from .task_suite import action_matches, load_expected, suite_ingester
 from .task_suite_repos import SyntheticRepo
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['TASK_KINDS', 'FAIL_COST', 'SuiteTask', 'replay_calls', 'suite_tasks', 'task_solved', 'TaskSuiteEnv',
            'suite_environment', 'suite_dataset']
@@ -224,9 +226,11 @@ class TaskSuiteEnv:
                              "reward": success - self.fail_cost * failed}
         return dict(self._outcome)
 
-    def get_reward(self) -> float:
-        "The episode's reward (TRL calls it once per rollout): success in [0, 1] minus `fail_cost` per failed call."
-        return self.outcome["reward"]
+# %% ../nbs/25c_environments.ipynb #d865fc8f
+@patch
+def get_reward(self:TaskSuiteEnv) -> float:
+    "The episode's reward (TRL calls it once per rollout): success in [0, 1] minus `fail_cost` per failed call."
+    return self.outcome["reward"]
 
 # %% ../nbs/25c_environments.ipynb #6b5a6945
 def suite_environment(tasks:Sequence[SuiteTask]|Mapping[str, SuiteTask], # the episodes

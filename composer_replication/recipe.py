@@ -18,6 +18,8 @@ from .loss import LossConfig
 from .recipe_checks import (REPORT_TO_PACKAGES, RESERVED_TRAINING, RecipeError, recipe_number, check_training, check_typed,
                                                 clip_message, did_you_mean, recipe_error, training_fields)
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['RECIPE_VERSION', 'MODES', 'TRAINING_DEFAULTS', 'BUILTIN_MODELS', 'HINT_GENERATORS', 'MAX_YAML_DEPTH',
            'MAX_YAML_NODES', 'DataSpec', 'GRPOSpec', 'ReplaySpec', 'DiLoCoSpec', 'collator_config_kwargs', 'Recipe',
@@ -236,27 +238,30 @@ class Recipe:
         self.training = check_training({**TRAINING_DEFAULTS, **_check_keys(self.training, training_fields(self.mode), "training",
                                                            see="trl.GRPOConfig" if self.mode == "grpo" else "transformers.TrainingArguments")}, self.mode)
 
-    def to_dict(self) -> dict:
-        "The recipe as plain data (YAML- and JSON-ready), every option written out."
-        return {"version": self.version, "name": self.name, "mode": self.mode, "model": self.model, "train_layers": self.train_layers, "lora": None if self.lora is None else dict(self.lora), "seed": self.seed,
-                "output_dir": self.output_dir, "data": dataclasses.asdict(self.data), "loss": self.loss.to_dict(),
-                "collator": dict(self.collator), "training": dict(self.training), "grpo": dataclasses.asdict(self.grpo),
-                "diloco": dataclasses.asdict(self.diloco), "replay": dataclasses.asdict(self.replay)}
-
     @classmethod
     def from_dict(cls, d:abc.Mapping, # a recipe file's content
                  ) -> Recipe:
         "A checked Recipe from plain data; an unknown key anywhere is a RecipeError naming it."
         return cls(**_check_keys(d, [f.name for f in dataclasses.fields(cls)], ""))
 
-    def resolved(self, base_dir:str|os.PathLike, # the folder relative paths are read from (the recipe file's)
-                ) -> Recipe:
-        "A copy with every relative path (data files, output_dir, a model folder) made absolute from `base_dir`."
-        base = Path(base_dir).absolute()
-        fix = lambda p: p if p is None or Path(p).is_absolute() else str(base/p)
-        data = dataclasses.replace(self.data, **{k: fix(getattr(self.data, k)) for k in ("states", "pairs", "prompts")})
-        model = self.model if self.model in BUILTIN_MODELS else fix(self.model)
-        return dataclasses.replace(self, data=data, model=model, output_dir=fix(self.output_dir), grpo=dataclasses.replace(self.grpo, split=fix(self.grpo.split), tasks=fix(self.grpo.tasks)))
+# %% ../nbs/27b_recipe.ipynb #91f33338
+@patch
+def to_dict(self:Recipe) -> dict:
+    "The recipe as plain data (YAML- and JSON-ready), every option written out."
+    return {"version": self.version, "name": self.name, "mode": self.mode, "model": self.model, "train_layers": self.train_layers, "lora": None if self.lora is None else dict(self.lora), "seed": self.seed,
+            "output_dir": self.output_dir, "data": dataclasses.asdict(self.data), "loss": self.loss.to_dict(),
+            "collator": dict(self.collator), "training": dict(self.training), "grpo": dataclasses.asdict(self.grpo),
+            "diloco": dataclasses.asdict(self.diloco), "replay": dataclasses.asdict(self.replay)}
+
+@patch
+def resolved(self:Recipe, base_dir:str|os.PathLike, # the folder relative paths are read from (the recipe file's)
+            ) -> Recipe:
+    "A copy with every relative path (data files, output_dir, a model folder) made absolute from `base_dir`."
+    base = Path(base_dir).absolute()
+    fix = lambda p: p if p is None or Path(p).is_absolute() else str(base/p)
+    data = dataclasses.replace(self.data, **{k: fix(getattr(self.data, k)) for k in ("states", "pairs", "prompts")})
+    model = self.model if self.model in BUILTIN_MODELS else fix(self.model)
+    return dataclasses.replace(self, data=data, model=model, output_dir=fix(self.output_dir), grpo=dataclasses.replace(self.grpo, split=fix(self.grpo.split), tasks=fix(self.grpo.tasks)))
 
 # %% ../nbs/27b_recipe.ipynb #04f37290
 def _yaml_loader():

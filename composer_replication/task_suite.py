@@ -16,6 +16,8 @@ from .task_suite_actions import action_matches
 _all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "SUITE_TOOLS", "REPEAT_KIND", "VOCAB", "FUNCTIONS", "GENERIC_FILES", "action_matches"]
 _log = logging.getLogger(__name__)
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['SUITE_FORMAT', 'SUITE_TEACHERS', 'SuiteSession', 'make_session', 'error_sites', 'make_task_suite', 'load_expected',
            'suite_ingester', 'suite_names', 'suite_policies', 'SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS',
@@ -110,140 +112,148 @@ class _Session:
             out["command_not_found"] = text + [_call("Bash", **{**inp, "command": rng.choice(voc["missing_commands"])})]
         return out
 
-    def _flow(self):
-        "The right steps of the task, with the mistakes each single-call step admits."
-        r, rng, A = self.repo, self.rng, self.repo.abs
-        think = lambda t: [{"type": "thinking", "thinking": t, "signature": self.w._id("Eq", 40)}] if rng.random() < 0.5 else []
-        S = lambda blocks, fails_as=None, auto=True: _Step(blocks, None if auto else {}, fails_as)
-        tests = lambda why: [_text(why), _call("Bash", command=r.test_cmd, description="Run the test suite")]
-        # the first action must not depend on the cwd (the ingested history does not show it): list the tree first
-        look = think("Start with the layout and how the tests are run.") + [_text("I'll look at the project layout first."), _call("Glob", pattern="**/*")]
-        readme = S([_text("The README should say how the tests are run."), _call("Read", file_path=A("README.md"))])
-        def single(*steps):  # fill the mistakes of single-call steps (Read, Edit, test runs)
-            out = []
-            for i, s in enumerate(steps):
-                if s.mistakes is None:
-                    nc = _calls(steps[i + 1].blocks) if i + 1 < len(steps) else []
-                    same = len(nc) == 1 and nc[0]["name"] == "Edit" and nc[0]["input"]["file_path"] == _calls(s.blocks)[0]["input"].get("file_path")
-                    nxt = steps[i + 1].blocks if same else None
-                    s.mistakes = self._mutations(s.blocks, nxt)
-                out.append(s)
-            return out
-        if self.task == "fix_bug":
-            k, f = r.funcs[r.buggy]; T = FUNCTIONS[k]
-            self.fill = dict(func=f)
-            steps = single(S(look, auto=False),
-                           S([_text("Let me read the README, the tests and the module they cover."), _call("Read", file_path=A("README.md")),
-                              _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A(r.mod_path))], auto=False),
-                           S(tests("Running the tests to see what fails."), fails_as="failing_test"),
-                           S(think(f"The failure is in {f}: {T['bug']} is wrong.") +
-                             [_text(f"`{f}` does `{T['bug']}` where it should do `{T['body']}`. Fixing it."),
-                              _call("Edit", file_path=A(r.mod_path), old_string=f"    {T['bug']}", new_string=f"    {T['body']}")], auto=False),
-                           S(tests("Running the tests again.")),
-                           S([_text(f"Fixed `{f}` in {r.mod_path}: it used `{T['bug']}` instead of `{T['body']}`. All 3 tests pass now.")], auto=False))
-            steps[2].mistakes = {k2: v for k2, v in steps[2].mistakes.items() if k2 == "command_not_found"}
-        elif self.task == "rename":
-            k, old = rng.choice(r.funcs); new = f"{rng.choice(self.voc['rename_verbs'])}_{old.split('_', 1)[1]}"
-            self.fill, self.new_name = dict(old=old, new=new), new
-            sig = FUNCTIONS[k]["sig"]
-            steps = single(S(think(f"Find every use of {old}.") + [_text(f"Let me find every use of `{old}`."),
-                             _call("Grep", pattern=old)], auto=False),
-                           S([_text(f"Starting with the definition in {r.mod_path}."), _call("Read", file_path=A(r.mod_path))]),
-                           S([_text("Renaming the definition."), _call("Edit", file_path=A(r.mod_path), old_string=f"def {old}({sig}):",
-                                                                        new_string=f"def {new}({sig}):")]),
-                           S([_text("Now the package exports and the tests, and the README for the test command."), _call("Read", file_path=A(r.init_path)),
-                              _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A("README.md"))], auto=False),
-                           S([_text("Updating both."), _call("Edit", file_path=A(r.init_path), old_string=old, new_string=new, replace_all=True),
-                              _call("Edit", file_path=A(r.test_path), old_string=old, new_string=new, replace_all=True)], auto=False),
-                           S(tests("Running the tests to check nothing still uses the old name.")),
-                           S([_text(f"Renamed `{old}` to `{new}` in {r.mod_path}, {r.init_path} and {r.test_path}; the tests pass.")], auto=False))
-        elif self.task == "add_test":
-            k, f = rng.choice(r.funcs); T = FUNCTIONS[k]
-            self.fill = dict(func=f, case=T["case"])
-            name = f"test_{f}_{'_'.join(T['case'].split()[1:])}"
-            line = f"    assert {T['call'].format(f=f)} == {T['want']}"
-            steps = single(S([_text("I'll check where the tests live."), _call("Glob", pattern="tests/**/*.py"), _call("Glob", pattern="*.md")], auto=False),
-                           readme,
-                           S([_text(f"Reading {r.test_path}."), _call("Read", file_path=A(r.test_path))]),
-                           S([_text(f"Adding a test for {T['case']}."), _call("Edit", file_path=A(r.test_path), old_string=line,
-                              new_string=f"{line}\n\n\ndef {name}():\n    assert {T['case_call'].format(f=f)} == {T['case_want']}")]),
-                           S(tests("Running the tests.")),
-                           S([_text(f"Added `{name}` to {r.test_path}; it passes along with the existing tests.")], auto=False))
-        else:  # add_flag
-            flag = rng.choice(self.voc["flags"]); self.fill, self.flag = dict(flag=flag), flag
-            (last, v) = r.settings[-1]
-            steps = single(S(look, auto=False), readme,
-                           S([_text(f"The settings live in {r.config_path}; reading it."), _call("Read", file_path=A(r.config_path))]),
-                           S([_text(f"Adding `{flag}`."), _call("Edit", file_path=A(r.config_path), old_string=f"    {last}: int = {v}",
-                                                              new_string=f"    {last}: int = {v}\n    {flag}: bool = False")]),
-                           S(tests("Running the tests to make sure nothing broke.")),
-                           S([_text(f"Added `{flag}: bool = False` to `Settings` in {r.config_path}; the test suite still passes.")], auto=False))
-        return steps
+# %% ../nbs/25_task_suite.ipynb #65a53b5f
+@patch
+def _flow(self:_Session):
+    "The right steps of the task, with the mistakes each single-call step admits."
+    r, rng, A = self.repo, self.rng, self.repo.abs
+    think = lambda t: [{"type": "thinking", "thinking": t, "signature": self.w._id("Eq", 40)}] if rng.random() < 0.5 else []
+    S = lambda blocks, fails_as=None, auto=True: _Step(blocks, None if auto else {}, fails_as)
+    tests = lambda why: [_text(why), _call("Bash", command=r.test_cmd, description="Run the test suite")]
+    # the first action must not depend on the cwd (the ingested history does not show it): list the tree first
+    look = think("Start with the layout and how the tests are run.") + [_text("I'll look at the project layout first."), _call("Glob", pattern="**/*")]
+    readme = S([_text("The README should say how the tests are run."), _call("Read", file_path=A("README.md"))])
+    def single(*steps):  # fill the mistakes of single-call steps (Read, Edit, test runs)
+        out = []
+        for i, s in enumerate(steps):
+            if s.mistakes is None:
+                nc = _calls(steps[i + 1].blocks) if i + 1 < len(steps) else []
+                same = len(nc) == 1 and nc[0]["name"] == "Edit" and nc[0]["input"]["file_path"] == _calls(s.blocks)[0]["input"].get("file_path")
+                nxt = steps[i + 1].blocks if same else None
+                s.mistakes = self._mutations(s.blocks, nxt)
+            out.append(s)
+        return out
+    if self.task == "fix_bug":
+        k, f = r.funcs[r.buggy]; T = FUNCTIONS[k]
+        self.fill = dict(func=f)
+        steps = single(S(look, auto=False),
+                       S([_text("Let me read the README, the tests and the module they cover."), _call("Read", file_path=A("README.md")),
+                          _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A(r.mod_path))], auto=False),
+                       S(tests("Running the tests to see what fails."), fails_as="failing_test"),
+                       S(think(f"The failure is in {f}: {T['bug']} is wrong.") +
+                         [_text(f"`{f}` does `{T['bug']}` where it should do `{T['body']}`. Fixing it."),
+                          _call("Edit", file_path=A(r.mod_path), old_string=f"    {T['bug']}", new_string=f"    {T['body']}")], auto=False),
+                       S(tests("Running the tests again.")),
+                       S([_text(f"Fixed `{f}` in {r.mod_path}: it used `{T['bug']}` instead of `{T['body']}`. All 3 tests pass now.")], auto=False))
+        steps[2].mistakes = {k2: v for k2, v in steps[2].mistakes.items() if k2 == "command_not_found"}
+    elif self.task == "rename":
+        k, old = rng.choice(r.funcs); new = f"{rng.choice(self.voc['rename_verbs'])}_{old.split('_', 1)[1]}"
+        self.fill, self.new_name = dict(old=old, new=new), new
+        sig = FUNCTIONS[k]["sig"]
+        steps = single(S(think(f"Find every use of {old}.") + [_text(f"Let me find every use of `{old}`."),
+                         _call("Grep", pattern=old)], auto=False),
+                       S([_text(f"Starting with the definition in {r.mod_path}."), _call("Read", file_path=A(r.mod_path))]),
+                       S([_text("Renaming the definition."), _call("Edit", file_path=A(r.mod_path), old_string=f"def {old}({sig}):",
+                                                                    new_string=f"def {new}({sig}):")]),
+                       S([_text("Now the package exports and the tests, and the README for the test command."), _call("Read", file_path=A(r.init_path)),
+                          _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A("README.md"))], auto=False),
+                       S([_text("Updating both."), _call("Edit", file_path=A(r.init_path), old_string=old, new_string=new, replace_all=True),
+                          _call("Edit", file_path=A(r.test_path), old_string=old, new_string=new, replace_all=True)], auto=False),
+                       S(tests("Running the tests to check nothing still uses the old name.")),
+                       S([_text(f"Renamed `{old}` to `{new}` in {r.mod_path}, {r.init_path} and {r.test_path}; the tests pass.")], auto=False))
+    elif self.task == "add_test":
+        k, f = rng.choice(r.funcs); T = FUNCTIONS[k]
+        self.fill = dict(func=f, case=T["case"])
+        name = f"test_{f}_{'_'.join(T['case'].split()[1:])}"
+        line = f"    assert {T['call'].format(f=f)} == {T['want']}"
+        steps = single(S([_text("I'll check where the tests live."), _call("Glob", pattern="tests/**/*.py"), _call("Glob", pattern="*.md")], auto=False),
+                       readme,
+                       S([_text(f"Reading {r.test_path}."), _call("Read", file_path=A(r.test_path))]),
+                       S([_text(f"Adding a test for {T['case']}."), _call("Edit", file_path=A(r.test_path), old_string=line,
+                          new_string=f"{line}\n\n\ndef {name}():\n    assert {T['case_call'].format(f=f)} == {T['case_want']}")]),
+                       S(tests("Running the tests.")),
+                       S([_text(f"Added `{name}` to {r.test_path}; it passes along with the existing tests.")], auto=False))
+    else:  # add_flag
+        flag = rng.choice(self.voc["flags"]); self.fill, self.flag = dict(flag=flag), flag
+        (last, v) = r.settings[-1]
+        steps = single(S(look, auto=False), readme,
+                       S([_text(f"The settings live in {r.config_path}; reading it."), _call("Read", file_path=A(r.config_path))]),
+                       S([_text(f"Adding `{flag}`."), _call("Edit", file_path=A(r.config_path), old_string=f"    {last}: int = {v}",
+                                                          new_string=f"    {last}: int = {v}\n    {flag}: bool = False")]),
+                       S(tests("Running the tests to make sure nothing broke.")),
+                       S([_text(f"Added `{flag}: bool = False` to `Settings` in {r.config_path}; the test suite still passes.")], auto=False))
+    return steps
 
-    # --- recording
-    def _emit(self, recorded, right, ok):
-        "Record one assistant turn and its tool results; return whether a result was an error."
-        ep, i, calls = self.episode, len(self.rows), _calls(right)
-        distractor = self._side(right)
-        self.rows.append({
-            "session_id": self.sid, "state_index": i, "state_id": f"{self.sid}::{i:04d}", "task": self.task,
-            "tool": calls[0]["name"] if calls else None, "args": _matter(calls[0]["name"], calls[0]["input"]) if calls else {},
-            "calls": _row_calls(right), "action": render_action(right),
-            "cwd": self.repo.cwd, "error_recovery": ep is not None, "attempt": ep["attempt"] if ep else None,
-            "error_kind": ep["kind"] if ep else None, "scenario": ep["scenario"] if ep else None,
-            "recorded_ok": ok, "distractor": render_action(distractor)})
-        for b in _calls(recorded) + _calls(distractor):
-            if b["name"] == "Bash": self.commands.add(b["input"]["command"])
-            if b["name"] not in ("Read", "Edit", "Bash", "Glob", "Grep"): self.fake.add(b["name"])
-        ids = self.w.assistant(recorded)
-        outs = [self.repo.run(b["name"], b["input"]) for b in _calls(recorded)]
-        self.w.results(ids, outs)
-        return any(o[1] for o in outs)
+# %% ../nbs/25_task_suite.ipynb #4b5e488c
+@patch
+# --- recording
+def _emit(self:_Session, recorded, right, ok):
+    "Record one assistant turn and its tool results; return whether a result was an error."
+    ep, i, calls = self.episode, len(self.rows), _calls(right)
+    distractor = self._side(right)
+    self.rows.append({
+        "session_id": self.sid, "state_index": i, "state_id": f"{self.sid}::{i:04d}", "task": self.task,
+        "tool": calls[0]["name"] if calls else None, "args": _matter(calls[0]["name"], calls[0]["input"]) if calls else {},
+        "calls": _row_calls(right), "action": render_action(right),
+        "cwd": self.repo.cwd, "error_recovery": ep is not None, "attempt": ep["attempt"] if ep else None,
+        "error_kind": ep["kind"] if ep else None, "scenario": ep["scenario"] if ep else None,
+        "recorded_ok": ok, "distractor": render_action(distractor)})
+    for b in _calls(recorded) + _calls(distractor):
+        if b["name"] == "Bash": self.commands.add(b["input"]["command"])
+        if b["name"] not in ("Read", "Edit", "Bash", "Glob", "Grep"): self.fake.add(b["name"])
+    ids = self.w.assistant(recorded)
+    outs = [self.repo.run(b["name"], b["input"]) for b in _calls(recorded)]
+    self.w.results(ids, outs)
+    return any(o[1] for o in outs)
 
-    def _play(self, step, mistake=None):
-        rng = self.rng
-        if mistake is not None:
-            if self.episode is not None: raise AssertionError("a mistake is planted only outside an error episode")
-            if not self._emit(step.mistakes[mistake], step.blocks, False): raise AssertionError(f"planted {mistake} did not fail")
-            self.episode = {"scenario": mistake, "kind": SCENARIOS[mistake], "attempt": 0, "failing": step.mistakes[mistake]}
-        right = step.blocks
-        if self.episode is not None:
-            ep = self.episode
-            if ep["scenario"] in _RECOVERY:
-                c = _calls(right)[0]
-                phrase = _RECOVERY[ep["scenario"]].format(file=self.repo.rel(c["input"].get("file_path", "")) or "the file",
-                                                          command=c["input"].get("command", ""), tool=c["name"])
-                right = [_text(phrase)] + _calls(right)
-            first_right, self.first_right = (rng.random() < self.rate) if self.first_right is None else self.first_right, None
-            if not first_right:  # a wrong first recovery: the failing call again, or something beside the point
-                wrong = [_text("Let me try that again.")] + _calls(ep["failing"]) if rng.random() < 0.5 else self._side(right)
-                if self._emit(wrong, right, False): ep["kind"] = REPEAT_KIND
-                ep["attempt"] += 1
-        failed = self._emit(right, right, True)
-        self.episode = None
-        if failed:
-            if step.fails_as is None: raise AssertionError("a right action failed without a planned scenario")
-            self.episode = {"scenario": step.fails_as, "kind": SCENARIOS[step.fails_as], "attempt": 0, "failing": right}
+# %% ../nbs/25_task_suite.ipynb #1269eeed
+@patch
+def _play(self:_Session, step, mistake=None):
+    rng = self.rng
+    if mistake is not None:
+        if self.episode is not None: raise AssertionError("a mistake is planted only outside an error episode")
+        if not self._emit(step.mistakes[mistake], step.blocks, False): raise AssertionError(f"planted {mistake} did not fail")
+        self.episode = {"scenario": mistake, "kind": SCENARIOS[mistake], "attempt": 0, "failing": step.mistakes[mistake]}
+    right = step.blocks
+    if self.episode is not None:
+        ep = self.episode
+        if ep["scenario"] in _RECOVERY:
+            c = _calls(right)[0]
+            phrase = _RECOVERY[ep["scenario"]].format(file=self.repo.rel(c["input"].get("file_path", "")) or "the file",
+                                                      command=c["input"].get("command", ""), tool=c["name"])
+            right = [_text(phrase)] + _calls(right)
+        first_right, self.first_right = (rng.random() < self.rate) if self.first_right is None else self.first_right, None
+        if not first_right:  # a wrong first recovery: the failing call again, or something beside the point
+            wrong = [_text("Let me try that again.")] + _calls(ep["failing"]) if rng.random() < 0.5 else self._side(right)
+            if self._emit(wrong, right, False): ep["kind"] = REPEAT_KIND
+            ep["attempt"] += 1
+    failed = self._emit(right, right, True)
+    self.episode = None
+    if failed:
+        if step.fails_as is None: raise AssertionError("a right action failed without a planned scenario")
+        self.episode = {"scenario": step.fails_as, "kind": SCENARIOS[step.fails_as], "attempt": 0, "failing": right}
 
-    def build(self) -> SuiteSession:
-        rng, r = self.rng, self.repo
-        steps = self._flow()
-        slots = [i for i, s in enumerate(steps) if self.scenario in s.mistakes]
-        if not slots and not any(s.fails_as == self.scenario for s in steps):
-            raise AssertionError(f"task {self.task} has no place for {self.scenario}")
-        at = rng.choice(slots) if slots else None
-        template = rng.choice(self.voc["prompts"][self.task])
-        prompt = template.format(test_path=r.test_path, module_path=r.mod_path, config_path=r.config_path, **self.fill)
-        self.w.snapshot(); self.w.prompt(prompt)
-        for i, s in enumerate(steps): self._play(s, self.scenario if i == at else None)
-        if rng.random() < 0.5: self.w.stop_summary()
-        funcs = [f for _, f in r.funcs] + ([self.new_name] if self.task == "rename" else [])
-        names = {"repos": [r.repo], "modules": [r.mod], "functions": funcs, "files": [p for p in sorted(r.initial) if p not in GENERIC_FILES],
-                 "commands": sorted(self.commands | {r.test_cmd}), "tools": sorted(self.fake), "prompts": [template],
-                 "settings": [n for n, _ in r.settings] + ([self.flag] if self.task == "add_flag" else [])}
-        meta = {"session_id": self.sid, "task": self.task, "scenario": self.scenario, "prompt": prompt, "cwd": r.cwd,
-                "test_command": r.test_cmd, "n_states": len(self.rows), "files": dict(sorted(r.initial.items())), "names": names}
-        return SuiteSession(self.sid, self.split, self.task, self.scenario, self.w.jsonl(), self.rows, meta)
+# %% ../nbs/25_task_suite.ipynb #8f114a59
+@patch
+def build(self:_Session) -> SuiteSession:
+    rng, r = self.rng, self.repo
+    steps = self._flow()
+    slots = [i for i, s in enumerate(steps) if self.scenario in s.mistakes]
+    if not slots and not any(s.fails_as == self.scenario for s in steps):
+        raise AssertionError(f"task {self.task} has no place for {self.scenario}")
+    at = rng.choice(slots) if slots else None
+    template = rng.choice(self.voc["prompts"][self.task])
+    prompt = template.format(test_path=r.test_path, module_path=r.mod_path, config_path=r.config_path, **self.fill)
+    self.w.snapshot(); self.w.prompt(prompt)
+    for i, s in enumerate(steps): self._play(s, self.scenario if i == at else None)
+    if rng.random() < 0.5: self.w.stop_summary()
+    funcs = [f for _, f in r.funcs] + ([self.new_name] if self.task == "rename" else [])
+    names = {"repos": [r.repo], "modules": [r.mod], "functions": funcs, "files": [p for p in sorted(r.initial) if p not in GENERIC_FILES],
+             "commands": sorted(self.commands | {r.test_cmd}), "tools": sorted(self.fake), "prompts": [template],
+             "settings": [n for n, _ in r.settings] + ([self.flag] if self.task == "add_flag" else [])}
+    meta = {"session_id": self.sid, "task": self.task, "scenario": self.scenario, "prompt": prompt, "cwd": r.cwd,
+            "test_command": r.test_cmd, "n_states": len(self.rows), "files": dict(sorted(r.initial.items())), "names": names}
+    return SuiteSession(self.sid, self.split, self.task, self.scenario, self.w.jsonl(), self.rows, meta)
 
 # %% ../nbs/25_task_suite.ipynb #0ac386db
 def _check_split(split):

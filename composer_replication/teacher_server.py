@@ -20,6 +20,8 @@ from typing import Any, Callable, Sequence
 
 import orjson
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['Failure', 'ModelPolicy', 'completion_body', 'request_key', 'recorded_replies', 'TeacherServer']
 
@@ -203,99 +205,109 @@ class TeacherServer:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    def stop(self):
-        "Close every connection, stop the loop and join the thread."
-        if self._server is None: return
-        async def shutdown():
-            self._server.close()
-            for w in list(self._conns): w.transport.abort()
-            await asyncio.sleep(0)
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks: t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
-        self._loop.close()
-        self._server = self._loop = self._thread = None
+# %% ../nbs/14_teacher_server.ipynb #c21d6856
+@patch
+def stop(self:TeacherServer):
+    "Close every connection, stop the loop and join the thread."
+    if self._server is None: return
+    async def shutdown():
+        self._server.close()
+        for w in list(self._conns): w.transport.abort()
+        await asyncio.sleep(0)
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for t in tasks: t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(timeout=10)
+    self._loop.call_soon_threadsafe(self._loop.stop)
+    self._thread.join(timeout=10)
+    self._loop.close()
+    self._server = self._loop = self._thread = None
 
-    def __enter__(self): return self.start()
-    def __exit__(self, *exc): self.stop()
+@patch
+def __enter__(self:TeacherServer): return self.start()
 
-    async def _handle(self, reader, writer):
-        self._conns.add(writer)
-        try:
-            while True:
-                try: head = await reader.readuntil(b"\r\n\r\n")
-                except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError): return
-                lines = head.decode("latin-1").split("\r\n")
-                try: method, path, _ = lines[0].split(" ", 2)
-                except ValueError: return
-                hdrs = {}
-                for ln in lines[1:]:
-                    if ":" in ln: k, v = ln.split(":", 1); hdrs[k.strip().lower()] = v.strip()
-                n = int(hdrs.get("content-length") or 0)
-                try: raw = await reader.readexactly(n) if n else b""
-                except (asyncio.IncompleteReadError, ConnectionError): return
-                status, out_hdrs, body = await self._answer(method, path.split("?")[0], hdrs, raw)
-                if status is None: writer.transport.abort(); return   # injected dropped connection
-                payload = orjson.dumps(body)
-                extra = "".join(f"{k}: {v}\r\n" for k, v in out_hdrs.items())
-                writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
-                             f"Content-Length: {len(payload)}\r\n{extra}\r\n".encode("latin-1") + payload)
-                await writer.drain()
-                if hdrs.get("connection", "").lower() == "close": return
-        except (ConnectionError, asyncio.CancelledError): return
-        finally:
-            self._conns.discard(writer)
-            writer.close()
+@patch
+def __exit__(self:TeacherServer, *exc): self.stop()
 
-    def _error(self, status, message, **kw): return status, {}, {"error": {"code": status, "message": message, **kw}}
+# %% ../nbs/14_teacher_server.ipynb #8545c645
+@patch
+async def _handle(self:TeacherServer, reader, writer):
+    self._conns.add(writer)
+    try:
+        while True:
+            try: head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError): return
+            lines = head.decode("latin-1").split("\r\n")
+            try: method, path, _ = lines[0].split(" ", 2)
+            except ValueError: return
+            hdrs = {}
+            for ln in lines[1:]:
+                if ":" in ln: k, v = ln.split(":", 1); hdrs[k.strip().lower()] = v.strip()
+            n = int(hdrs.get("content-length") or 0)
+            try: raw = await reader.readexactly(n) if n else b""
+            except (asyncio.IncompleteReadError, ConnectionError): return
+            status, out_hdrs, body = await self._answer(method, path.split("?")[0], hdrs, raw)
+            if status is None: writer.transport.abort(); return   # injected dropped connection
+            payload = orjson.dumps(body)
+            extra = "".join(f"{k}: {v}\r\n" for k, v in out_hdrs.items())
+            writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(payload)}\r\n{extra}\r\n".encode("latin-1") + payload)
+            await writer.drain()
+            if hdrs.get("connection", "").lower() == "close": return
+    except (ConnectionError, asyncio.CancelledError): return
+    finally:
+        self._conns.discard(writer)
+        writer.close()
 
-    async def _answer(self, method, path, hdrs, raw):
-        "(status, headers, body) for one request; status None drops the connection."
-        if method == "GET" and path.rstrip("/") == "/v1/models":
-            return 200, {}, {"data": [{"id": m} for m in sorted(self.policies)]}
-        if method != "POST" or path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            return self._error(404, f"no route {method} {path}")
-        try: body = orjson.loads(raw)
-        except orjson.JSONDecodeError: return self._error(400, "request body is not JSON")
-        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return self._error(400, "request needs a messages list")
-        model, key = body.get("model"), self.key_fn(body)
-        self.counts[(model, key)] += 1; self.calls += 1        # everything that reached the server, answered or not
-        entry = {"t": time.monotonic(), "model": model, "key": key}
-        self.log.append(entry)
-        if self._api_key is not None and hdrs.get("authorization") != f"Bearer {self._api_key}":
-            entry["status"] = 401
-            return self._error(401, "No cookie auth credentials found")
-        policy = self.policies.get(model, self.default)
-        if policy is None:
-            entry["status"] = 404
-            return self._error(404, f"No endpoints found for {model}.")
-        n = entry["attempt"] = self.attempts[(model, key)]
-        self.attempts[(model, key)] += 1
-        if self.keep_bodies: self.bodies.append(body)
-        self.in_flight += 1; self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            d = policy.delay()
-            if d > 0: await asyncio.sleep(d)
-            fail = policy.failures[n] if n < len(policy.failures) else (
-                policy.fail_with if policy.fail_rate and policy._rng.random() < policy.fail_rate else None)
-            if fail is None:
-                reply = policy.reply(body) if callable(policy.reply) else policy.reply
-                if isinstance(reply, Failure): fail = reply
-            if fail is not None:
-                entry["status"] = "drop" if fail.drop else fail.status
-                return (None, {}, {}) if fail.drop else fail.render()
-            pt = policy.prompt_tokens
-            if callable(pt): pt = int(pt(body))
-            elif pt is None: pt = _tok(len(orjson.dumps(body["messages"])) + (len(orjson.dumps(body["tools"])) if body.get("tools") else 0))
-            out = completion_body(reply, model, pt, body.get("max_tokens"), policy)
-            entry["status"] = 200; entry["cost"] = out.get("usage", {}).get("cost")
-            if self.record is not None:
-                with self.record.open("a") as f:
-                    f.write(json.dumps({"model": model, "key": key, "message": out["choices"][0]["message"],
-                                        "usage": out.get("usage")}) + "\n")
-            return 200, {}, out
-        finally: self.in_flight -= 1
+@patch
+def _error(self:TeacherServer, status, message, **kw): return status, {}, {"error": {"code": status, "message": message, **kw}}
+
+# %% ../nbs/14_teacher_server.ipynb #1c364ee1
+@patch
+async def _answer(self:TeacherServer, method, path, hdrs, raw):
+    "(status, headers, body) for one request; status None drops the connection."
+    if method == "GET" and path.rstrip("/") == "/v1/models":
+        return 200, {}, {"data": [{"id": m} for m in sorted(self.policies)]}
+    if method != "POST" or path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+        return self._error(404, f"no route {method} {path}")
+    try: body = orjson.loads(raw)
+    except orjson.JSONDecodeError: return self._error(400, "request body is not JSON")
+    if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+        return self._error(400, "request needs a messages list")
+    model, key = body.get("model"), self.key_fn(body)
+    self.counts[(model, key)] += 1; self.calls += 1        # everything that reached the server, answered or not
+    entry = {"t": time.monotonic(), "model": model, "key": key}
+    self.log.append(entry)
+    if self._api_key is not None and hdrs.get("authorization") != f"Bearer {self._api_key}":
+        entry["status"] = 401
+        return self._error(401, "No cookie auth credentials found")
+    policy = self.policies.get(model, self.default)
+    if policy is None:
+        entry["status"] = 404
+        return self._error(404, f"No endpoints found for {model}.")
+    n = entry["attempt"] = self.attempts[(model, key)]
+    self.attempts[(model, key)] += 1
+    if self.keep_bodies: self.bodies.append(body)
+    self.in_flight += 1; self.max_in_flight = max(self.max_in_flight, self.in_flight)
+    try:
+        d = policy.delay()
+        if d > 0: await asyncio.sleep(d)
+        fail = policy.failures[n] if n < len(policy.failures) else (
+            policy.fail_with if policy.fail_rate and policy._rng.random() < policy.fail_rate else None)
+        if fail is None:
+            reply = policy.reply(body) if callable(policy.reply) else policy.reply
+            if isinstance(reply, Failure): fail = reply
+        if fail is not None:
+            entry["status"] = "drop" if fail.drop else fail.status
+            return (None, {}, {}) if fail.drop else fail.render()
+        pt = policy.prompt_tokens
+        if callable(pt): pt = int(pt(body))
+        elif pt is None: pt = _tok(len(orjson.dumps(body["messages"])) + (len(orjson.dumps(body["tools"])) if body.get("tools") else 0))
+        out = completion_body(reply, model, pt, body.get("max_tokens"), policy)
+        entry["status"] = 200; entry["cost"] = out.get("usage", {}).get("cost")
+        if self.record is not None:
+            with self.record.open("a") as f:
+                f.write(json.dumps({"model": model, "key": key, "message": out["choices"][0]["message"],
+                                    "usage": out.get("usage")}) + "\n")
+        return 200, {}, out
+    finally: self.in_flight -= 1

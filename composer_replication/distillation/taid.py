@@ -16,6 +16,8 @@ from torch import Tensor
 from ..checks import (
     as_device, check_logit_pair, check_number, check_unit_interval, has_neg_inf, reduce_per_token, token_weights)
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['taid_per_token', 'taid_loss', 'TAIDScheduler']
 
@@ -112,18 +114,22 @@ class TAIDScheduler:
         self._t, self.prev_loss = t, loss
         return delta
 
-    def state_dict(self)->dict:
-        "Plain-float state for checkpoints."
-        return dict(t=self.t, prev_loss=float(self.prev_loss), momentum=float(self.momentum))
+# %% ../../nbs/03_distillation.taid.ipynb #22ad29b4
+@patch
+def state_dict(self:TAIDScheduler)->dict:
+    "Plain-float state for checkpoints."
+    return dict(t=self.t, prev_loss=float(self.prev_loss), momentum=float(self.momentum))
 
-    def load_state_dict(self, state:dict): # as returned by `state_dict`
-        "Restore the state saved by `state_dict`."
-        missing = {"t", "prev_loss", "momentum"} - set(state) if isinstance(state, abc.Mapping) else None
-        if missing is None: raise TypeError(f"state must be a dict as returned by state_dict(), got {type(state).__name__}")
-        if missing: raise ValueError(f"state is missing {sorted(missing)} (expected the keys of state_dict(): t, prev_loss, momentum)")
-        check_unit_interval(state["t"], "state['t']")
-        self._t = torch.tensor(float(state["t"]), dtype=torch.float32, device=self.device)
-        self.prev_loss = torch.tensor(float(state["prev_loss"]), dtype=torch.float32, device=self.device)
-        self.momentum = torch.tensor(float(state["momentum"]), dtype=torch.float32, device=self.device)
+@patch
+def load_state_dict(self:TAIDScheduler, state:dict): # as returned by `state_dict`
+    "Restore the state saved by `state_dict`."
+    missing = {"t", "prev_loss", "momentum"} - set(state) if isinstance(state, abc.Mapping) else None
+    if missing is None: raise TypeError(f"state must be a dict as returned by state_dict(), got {type(state).__name__}")
+    if missing: raise ValueError(f"state is missing {sorted(missing)} (expected the keys of state_dict(): t, prev_loss, momentum)")
+    check_unit_interval(state["t"], "state['t']")
+    self._t = torch.tensor(float(state["t"]), dtype=torch.float32, device=self.device)
+    self.prev_loss = torch.tensor(float(state["prev_loss"]), dtype=torch.float32, device=self.device)
+    self.momentum = torch.tensor(float(state["momentum"]), dtype=torch.float32, device=self.device)
 
-    def __repr__(self): return f"TAIDScheduler(t={self.t:.4f}, num_train_steps={self.num_train_steps}, adaptive={not self.disable_adaptive})"
+@patch
+def __repr__(self:TAIDScheduler): return f"TAIDScheduler(t={self.t:.4f}, num_train_steps={self.num_train_steps}, adaptive={not self.disable_adaptive})"

@@ -16,6 +16,8 @@ from ..jsonl import JsonlAppender, loads_line
 from .core import TraceState, canonical_arguments, check_tools, normalize_blocks, render_action
 from .redact import redact_secrets
 
+from fastcore.basics import patch
+
 # %% ../../nbs/09b_ingestion.sources.ipynb #2c4efb0b
 SYSTEM_PROMPT = (
     "You are a senior software engineer working as a coding agent in a terminal environment. You help the user with "
@@ -174,36 +176,40 @@ class Conversation:
         self.st.n_history_truncated += 1
         return h[:keep] + h[j:]
 
-    def state(self, blocks:list[dict]) -> TraceState:
-        "The TraceState of the turn `blocks` answering the history as it is now; the turn and its blocks are counted."
-        s = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self.window(), student_action=render_action(blocks),
-                       action=normalize_blocks(blocks))
-        if self.tools: s["tools"] = self.tools
-        self.idx += 1; self.st.n_assistant_turns += 1
-        for b in blocks:
-            t = b["type"]
-            if t == "text": self.st.n_text_blocks += 1
-            elif t == "thinking": self.st.n_thinking_blocks += 1
-            else: self.st.n_tool_use_blocks += 1
-        return s
+# %% ../../nbs/09b_ingestion.sources.ipynb #3d78b589
+@patch
+def state(self:Conversation, blocks:list[dict]) -> TraceState:
+    "The TraceState of the turn `blocks` answering the history as it is now; the turn and its blocks are counted."
+    s = TraceState(state_id=f"{self.stem}::{self.idx:04d}", messages=self.window(), student_action=render_action(blocks),
+                   action=normalize_blocks(blocks))
+    if self.tools: s["tools"] = self.tools
+    self.idx += 1; self.st.n_assistant_turns += 1
+    for b in blocks:
+        t = b["type"]
+        if t == "text": self.st.n_text_blocks += 1
+        elif t == "thinking": self.st.n_thinking_blocks += 1
+        else: self.st.n_tool_use_blocks += 1
+    return s
 
-    def missing_result(self, call_id:str) -> dict:
-        "The tool message put in place of a result the log does not have: an error saying so."
-        return {"role": "tool", "tool_call_id": call_id, "content": NO_RESULT, "is_error": True}
+@patch
+def missing_result(self:Conversation, call_id:str) -> dict:
+    "The tool message put in place of a result the log does not have: an error saying so."
+    return {"role": "tool", "tool_call_id": call_id, "content": NO_RESULT, "is_error": True}
 
-    def commit_turn(self, blocks:list[dict], results:dict, count:bool=True):
-        "Add the turn and, per call, its tool message from `results` (call id -> message; taken out), or the missing-result error; `count` the results."
-        self.commit(self.assistant_message(blocks))
-        for b in blocks:
-            if b["type"] != "tool_use": continue
-            r = results.pop(b["id"], None)
-            if r is None:
-                r = self.missing_result(b["id"])
-                if count: self.st.n_missing_tool_results += 1
-            elif count:
-                self.st.n_tool_results += 1
-                if r.get("is_error"): self.st.n_tool_errors += 1
-            self.commit(r)
+@patch
+def commit_turn(self:Conversation, blocks:list[dict], results:dict, count:bool=True):
+    "Add the turn and, per call, its tool message from `results` (call id -> message; taken out), or the missing-result error; `count` the results."
+    self.commit(self.assistant_message(blocks))
+    for b in blocks:
+        if b["type"] != "tool_use": continue
+        r = results.pop(b["id"], None)
+        if r is None:
+            r = self.missing_result(b["id"])
+            if count: self.st.n_missing_tool_results += 1
+        elif count:
+            self.st.n_tool_results += 1
+            if r.get("is_error"): self.st.n_tool_errors += 1
+        self.commit(r)
 
 # %% ../../nbs/09b_ingestion.sources.ipynb #4149a198
 class TraceSourceEntry(NamedTuple):

@@ -19,6 +19,8 @@ from .protocol import (DEFAULT_MAX_TOOL_CALLS, INVALID_ACTION, RETRY_STATUSES,
 from .budget import PROMPT_OVERHEAD_TOKENS, usage_charge
 from .transport import TIMEOUTS, ReplyTooLarge
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['TeacherCall', 'ReplayRun']
 
@@ -102,132 +104,145 @@ class ReplayRun:
         (_log.warning if first else _log.debug)("%s: usage not trusted (%s): charged at the reserved worst case $%.6f%s", slug,
                                                 _clip(self.redact(why), 200), job.need, " (further cases are logged at debug level)" if first else "")
 
-    def charge(self, usage, job, absent):
-        return usage_charge(usage, job.teacher, job.need, len(job.body) + PROMPT_OVERHEAD_TOKENS, self.max_tokens,
-                            absent=absent, reported_cost=self.provider.reported_cost,
-                            trust_reported_cost=job.teacher.get("trust_reported_cost", True))
+# %% ../../nbs/15f_teacher_replay.run.ipynb #bdf49b17
+@patch
+def charge(self:ReplayRun, usage, job, absent):
+    return usage_charge(usage, job.teacher, job.need, len(job.body) + PROMPT_OVERHEAD_TOKENS, self.max_tokens,
+                        absent=absent, reported_cost=self.provider.reported_cost,
+                        trust_reported_cost=job.teacher.get("trust_reported_cost", True))
 
-    async def send(self, job):
-        "One HTTP exchange; returns ('ok', blocks) or an exception to raise. Settles the budget."
-        http, charge, t0 = self.http, job.need, time.perf_counter()
-        try:
-            try: status, headers, raw = await http.post(job.body)
-            except http.connect_errors as e:      # refused, DNS, TLS: nothing was sent
-                charge = 0.0
-                return _Retry(f"connection failed: {self.redact(e) or type(e).__name__}")
-            except http.transport_errors as e:    # dropped, timed out, ... after sending: its fate is unknown
-                why = (f"timed out: no complete answer within timeout_s={http.timeout_s:g} s" if isinstance(e, TIMEOUTS)
-                       else f"{type(e).__name__}: {self.redact(e)}")
-                return _Retry(f"{why} (charged at worst case: the provider may have billed it)")
-            except ReplyTooLarge as e:            # answered, so maybe billed; the same request would get the same answer
-                return _Failed(f"{e} (charged at worst case)")
-            except Exception as e:    # anything else (a broken transport, ...): this call fails, the run goes on
-                return _Failed(f"{type(e).__name__}: {self.redact(e)} (charged at worst case)")
-            job.latency = time.perf_counter() - t0
-            try: data = orjson.loads(raw)
-            except orjson.JSONDecodeError: data = _NOT_JSON
-            err = data.get("error") if isinstance(data, dict) else None
-            usage = data.get("usage") if isinstance(data, dict) else None
-            if status == 200 and not err:         # a reply: priced by its usage if that is believable, else at worst case
-                charge, job.pt, job.ct, why = self.charge(usage, job, absent=job.need)
-                if why is not None and isinstance(data, dict): self.distrust(job, why)
-                try: blocks = parse_reply(raw if data is _NOT_JSON else data)
-                except Exception as e:   # a reply of the wrong shape fails this call only; retried, as a glitch may be
-                    return _Retry(f"HTTP 200 with a malformed reply: {_clip(self.redact(e))}")
-                why = action_problem(blocks, self.max_tool_calls, state_tool_names(job.state))
-                if why is not None:      # an answer, paid for, that is no action: an error row, not retried, never a pair side
-                    return _Invalid(INVALID_ACTION + _clip(self.redact(why)))
-                return ("ok", self.scrub(redact_blocks(blocks)))
-            # providers do not bill errors unless they report usage (then believable usage, else the worst case)
-            charge = self.charge(usage, job, absent=0.0)[0]
-            text = _clip(self.redact(_err_text(data, raw)))
-            wait = retry_after_s(headers, data)
-            if status in (401, 403):
-                hint = "check the API key" if status == 401 else "the request or the key was refused"
-                return _Fatal(f"teacher {job.teacher['slug']!r} answered HTTP {status} ({text}): {hint}", status)
-            if status == 402 and wait is None:
-                return _Fatal(f"teacher {job.teacher['slug']!r} answered HTTP 402 ({text}): add credit or lower max_tokens", 402)
-            if status == 200 or status in RETRY_STATUSES or status == 402:
-                return _Retry(f"HTTP {status}" + (" with an error body" if status == 200 else "") + f": {text}", wait)
-            return _Failed(f"HTTP {status}: {text}")
-        finally:
-            job.cost += charge
-            await self.budget.settle(job.need, charge)
+# %% ../../nbs/15f_teacher_replay.run.ipynb #9f2b5fd0
+@patch
+async def send(self:ReplayRun, job):
+    "One HTTP exchange; returns ('ok', blocks) or an exception to raise. Settles the budget."
+    http, charge, t0 = self.http, job.need, time.perf_counter()
+    try:
+        try: status, headers, raw = await http.post(job.body)
+        except http.connect_errors as e:      # refused, DNS, TLS: nothing was sent
+            charge = 0.0
+            return _Retry(f"connection failed: {self.redact(e) or type(e).__name__}")
+        except http.transport_errors as e:    # dropped, timed out, ... after sending: its fate is unknown
+            why = (f"timed out: no complete answer within timeout_s={http.timeout_s:g} s" if isinstance(e, TIMEOUTS)
+                   else f"{type(e).__name__}: {self.redact(e)}")
+            return _Retry(f"{why} (charged at worst case: the provider may have billed it)")
+        except ReplyTooLarge as e:            # answered, so maybe billed; the same request would get the same answer
+            return _Failed(f"{e} (charged at worst case)")
+        except Exception as e:    # anything else (a broken transport, ...): this call fails, the run goes on
+            return _Failed(f"{type(e).__name__}: {self.redact(e)} (charged at worst case)")
+        job.latency = time.perf_counter() - t0
+        try: data = orjson.loads(raw)
+        except orjson.JSONDecodeError: data = _NOT_JSON
+        err = data.get("error") if isinstance(data, dict) else None
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if status == 200 and not err:         # a reply: priced by its usage if that is believable, else at worst case
+            charge, job.pt, job.ct, why = self.charge(usage, job, absent=job.need)
+            if why is not None and isinstance(data, dict): self.distrust(job, why)
+            try: blocks = parse_reply(raw if data is _NOT_JSON else data)
+            except Exception as e:   # a reply of the wrong shape fails this call only; retried, as a glitch may be
+                return _Retry(f"HTTP 200 with a malformed reply: {_clip(self.redact(e))}")
+            why = action_problem(blocks, self.max_tool_calls, state_tool_names(job.state))
+            if why is not None:      # an answer, paid for, that is no action: an error row, not retried, never a pair side
+                return _Invalid(INVALID_ACTION + _clip(self.redact(why)))
+            return ("ok", self.scrub(redact_blocks(blocks)))
+        # providers do not bill errors unless they report usage (then believable usage, else the worst case)
+        charge = self.charge(usage, job, absent=0.0)[0]
+        text = _clip(self.redact(_err_text(data, raw)))
+        wait = retry_after_s(headers, data)
+        if status in (401, 403):
+            hint = "check the API key" if status == 401 else "the request or the key was refused"
+            return _Fatal(f"teacher {job.teacher['slug']!r} answered HTTP {status} ({text}): {hint}", status)
+        if status == 402 and wait is None:
+            return _Fatal(f"teacher {job.teacher['slug']!r} answered HTTP 402 ({text}): add credit or lower max_tokens", 402)
+        if status == 200 or status in RETRY_STATUSES or status == 402:
+            return _Retry(f"HTTP {status}" + (" with an error body" if status == 200 else "") + f": {text}", wait)
+        return _Failed(f"HTTP {status}: {text}")
+    finally:
+        job.cost += charge
+        await self.budget.settle(job.need, charge)
 
-    async def attempt(self, job):
+# %% ../../nbs/15f_teacher_replay.run.ipynb #1a7b7fce
+@patch
+async def attempt(self:ReplayRun, job):
+    if self.halted: raise _Halted(self.halted)
+    if not await self.budget.reserve(job.need):
         if self.halted: raise _Halted(self.halted)
-        if not await self.budget.reserve(job.need):
-            if self.halted: raise _Halted(self.halted)
-            raise _NoBudget()
-        if self.halted:                          # stopped while this call waited for room: send nothing
-            await self.budget.settle(job.need, 0.0); raise _Halted(self.halted)
-        job.attempts += 1
-        task = self.pending[job] = asyncio.ensure_future(self.send(job))
-        out = await asyncio.shield(task)
-        if isinstance(out, tuple): return out[1]     # stays pending until run_job has recorded it
-        del self.pending[job]
-        raise out
+        raise _NoBudget()
+    if self.halted:                          # stopped while this call waited for room: send nothing
+        await self.budget.settle(job.need, 0.0); raise _Halted(self.halted)
+    job.attempts += 1
+    task = self.pending[job] = asyncio.ensure_future(self.send(job))
+    out = await asyncio.shield(task)
+    if isinstance(out, tuple): return out[1]     # stays pending until run_job has recorded it
+    del self.pending[job]
+    raise out
 
-    def backoff(self, job, exc):
-        "Seconds before the next attempt: the server's Retry-After (+<=10% jitter), else full-jitter exponential."
-        ra = getattr(exc, "retry_after", None)
-        w = ra*(1 + 0.1*random.random()) if ra is not None else random.uniform(0, min(self.max_wait_s, self.rkw["backoff_s"]*2**(job.attempts - 1)))
-        _log.info("retrying %s at %s in %.2f s after: %s", job.teacher["slug"], job.state["state_id"], w, exc)
-        return w
+@patch
+def backoff(self:ReplayRun, job, exc):
+    "Seconds before the next attempt: the server's Retry-After (+<=10% jitter), else full-jitter exponential."
+    ra = getattr(exc, "retry_after", None)
+    w = ra*(1 + 0.1*random.random()) if ra is not None else random.uniform(0, min(self.max_wait_s, self.rkw["backoff_s"]*2**(job.attempts - 1)))
+    _log.info("retrying %s at %s in %.2f s after: %s", job.teacher["slug"], job.state["state_id"], w, exc)
+    return w
 
-    def should_retry(self, exc):
-        return isinstance(exc, _Retry) and not self.halted and (exc.retry_after is None or exc.retry_after <= self.max_wait_s)
+@patch
+def should_retry(self:ReplayRun, exc):
+    return isinstance(exc, _Retry) and not self.halted and (exc.retry_after is None or exc.retry_after <= self.max_wait_s)
 
-    async def run_job(self, job):
-        from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
-        try:
-            try: blocks = await self.attempt(job)       # the common case: one attempt, no retry machinery
-            except _Retry as e:
-                if self.rkw["max_retries"] == 0 or not self.should_retry(e): raise
-                await asyncio.sleep(self.backoff(job, e))
-                retrying = AsyncRetrying(stop=stop_after_attempt(self.rkw["max_retries"]), reraise=True,
-                                         wait=lambda rs: self.backoff(rs.args[0], rs.outcome.exception()),
-                                         retry=retry_if_exception(self.should_retry))
-                blocks = await retrying(self.attempt, job)
-        except (_NoBudget, _Halted) as e:
-            if isinstance(e, _NoBudget): await self.halt("budget")
-            if job.attempts == 0: self.not_attempted.append(job); return
-            self.emit((job, job.result(error=f"not retried: run stopped ({self.halted}) after {job.attempts} attempt(s)")))
-            return
-        except _Fatal as e:
-            if self.fatal is None: self.fatal = (e, job)
-            await self.halt("fatal")
-            self.emit((job, job.result(error=str(e)))); return
-        except asyncio.CancelledError:          # the run is stopping: what this call already cost must reach the journal
-            if job not in self.pending:          # (a call in flight is recorded by `drain`)
-                if job.attempts: self.emit((job, job.result(error=f"interrupted after {job.attempts} attempt(s)")))
-                else: self.not_attempted.append(job)
-            raise
-        except _Invalid as e:
-            self.emit((job, job.result(error=str(e)))); return
-        except (_Retry, _Failed) as e:
-            note = ""
-            if isinstance(e, _Retry) and e.retry_after is not None and e.retry_after > self.max_wait_s:
-                note = f"; the server asked to wait {e.retry_after:.0f} s, more than max_wait_s={self.max_wait_s:g}"
-            self.emit((job, job.result(error=f"{e} (after {job.attempts} attempt(s){note})"))); return
-        self.emit((job, job.result(action=blocks))); self.pending.pop(job, None)
+# %% ../../nbs/15f_teacher_replay.run.ipynb #975484f3
+@patch
+async def run_job(self:ReplayRun, job):
+    from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
+    try:
+        try: blocks = await self.attempt(job)       # the common case: one attempt, no retry machinery
+        except _Retry as e:
+            if self.rkw["max_retries"] == 0 or not self.should_retry(e): raise
+            await asyncio.sleep(self.backoff(job, e))
+            retrying = AsyncRetrying(stop=stop_after_attempt(self.rkw["max_retries"]), reraise=True,
+                                     wait=lambda rs: self.backoff(rs.args[0], rs.outcome.exception()),
+                                     retry=retry_if_exception(self.should_retry))
+            blocks = await retrying(self.attempt, job)
+    except (_NoBudget, _Halted) as e:
+        if isinstance(e, _NoBudget): await self.halt("budget")
+        if job.attempts == 0: self.not_attempted.append(job); return
+        self.emit((job, job.result(error=f"not retried: run stopped ({self.halted}) after {job.attempts} attempt(s)")))
+        return
+    except _Fatal as e:
+        if self.fatal is None: self.fatal = (e, job)
+        await self.halt("fatal")
+        self.emit((job, job.result(error=str(e)))); return
+    except asyncio.CancelledError:          # the run is stopping: what this call already cost must reach the journal
+        if job not in self.pending:          # (a call in flight is recorded by `drain`)
+            if job.attempts: self.emit((job, job.result(error=f"interrupted after {job.attempts} attempt(s)")))
+            else: self.not_attempted.append(job)
+        raise
+    except _Invalid as e:
+        self.emit((job, job.result(error=str(e)))); return
+    except (_Retry, _Failed) as e:
+        note = ""
+        if isinstance(e, _Retry) and e.retry_after is not None and e.retry_after > self.max_wait_s:
+            note = f"; the server asked to wait {e.retry_after:.0f} s, more than max_wait_s={self.max_wait_s:g}"
+        self.emit((job, job.result(error=f"{e} (after {job.attempts} attempt(s){note})"))); return
+    self.emit((job, job.result(action=blocks))); self.pending.pop(job, None)
 
-    async def drain(self, timeout):
-        "After a stop or a cancellation: wait up to `timeout` for calls already sent (they are paid for) and record them."
-        if self.pending and timeout > 0: await asyncio.wait(list(self.pending.values()), timeout=timeout)
-        for job, task in list(self.pending.items()):
-            if not task.done():                  # abandoned: its answer is unknown, so its worst case is what it may have cost
-                job.cost += job.need; self.emit((job, job.result(error="interrupted while in flight (charged at worst case)"))); continue
-            out = task.result()
-            self.emit((job, job.result(action=out[1]) if isinstance(out, tuple) else
-                       job.result(error=str(out) if isinstance(out, _Invalid) else f"interrupted: {out}")))
-        self.pending.clear()
+# %% ../../nbs/15f_teacher_replay.run.ipynb #db044f08
+@patch
+async def drain(self:ReplayRun, timeout):
+    "After a stop or a cancellation: wait up to `timeout` for calls already sent (they are paid for) and record them."
+    if self.pending and timeout > 0: await asyncio.wait(list(self.pending.values()), timeout=timeout)
+    for job, task in list(self.pending.items()):
+        if not task.done():                  # abandoned: its answer is unknown, so its worst case is what it may have cost
+            job.cost += job.need; self.emit((job, job.result(error="interrupted while in flight (charged at worst case)"))); continue
+        out = task.result()
+        self.emit((job, job.result(action=out[1]) if isinstance(out, tuple) else
+                   job.result(error=str(out) if isinstance(out, _Invalid) else f"interrupted: {out}")))
+    self.pending.clear()
 
-    async def worker(self, jobs):
-        while jobs and not self.halted:
-            job = jobs.popleft()
-            try: await self.run_job(job)
-            except Exception as e:    # a bug must not lose the run: this call fails, every other result is kept
-                msg = f"internal error: {type(e).__name__}: {_clip(self.redact(e))}"
-                _log.error("%s at %s: %s", job.teacher["slug"], job.state["state_id"], msg)
-                self.pending.pop(job, None); self.emit((job, job.result(error=msg)))
+@patch
+async def worker(self:ReplayRun, jobs):
+    while jobs and not self.halted:
+        job = jobs.popleft()
+        try: await self.run_job(job)
+        except Exception as e:    # a bug must not lose the run: this call fails, every other result is kept
+            msg = f"internal error: {type(e).__name__}: {_clip(self.redact(e))}"
+            _log.error("%s at %s: %s", job.teacher["slug"], job.state["state_id"], msg)
+            self.pending.pop(job, None); self.emit((job, job.result(error=msg)))

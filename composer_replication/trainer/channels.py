@@ -20,6 +20,8 @@ from ..distillation.taid import TAIDScheduler
 from ..loss import REPLAY_CRITERIA, LossConfig
 from .data_collator import precompute_ref_logprobs
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['TAID_SCHEDULER_FILE', 'is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs', 'run_as_forward',
            'ChannelTrainerMixin', 'TAIDSchedulerCallback', 'resume_taid_scheduler']
@@ -109,51 +111,58 @@ class ChannelTrainerMixin:
     @property
     def _world(self) -> int: return self.accelerator.num_processes
 
-    def _global_sum(self, t:torch.Tensor) -> torch.Tensor:
-        "`t` summed over the processes (itself in one process); every process must call it at the same point."
-        if self._world == 1: return t
-        return self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
+# %% ../../nbs/20b_trainer.channels.ipynb #6e104f51
+@patch
+def _global_sum(self:ChannelTrainerMixin, t:torch.Tensor) -> torch.Tensor:
+    "`t` summed over the processes (itself in one process); every process must call it at the same point."
+    if self._world == 1: return t
+    return self.accelerator.reduce(t.to(self.accelerator.device), reduction="sum").cpu()
 
-    def _batch_counts(self, batch:Mapping) -> torch.Tensor:
-        "(3,) float64: what each channel averages over in this batch: response tokens (channel 1), SDPO targets, DPO pairs."
-        n = torch.zeros(3, dtype=torch.float64)
-        rm = batch.get("response_mask")
-        if isinstance(rm, torch.Tensor) and rm.dim() == 2: n[0] = float((rm[:, 1:] != 0).sum())
-        tm, sm = batch.get("sdpo_loss_mask"), batch.get("sdpo_student_mask")
-        if self.alpha_sdpo != 0 and isinstance(tm, torch.Tensor) and batch.get("ctx_teacher_input_ids") is not None:
-            ids = batch.get("input_ids")
-            if sm is not None or (isinstance(ids, torch.Tensor) and tuple(batch["ctx_teacher_input_ids"].shape) == tuple(ids.shape)):
-                n[1] = float((tm != 0).sum())
-        ch = batch.get("dpo_chosen_input_ids")
-        if self.beta_replay != 0 and isinstance(ch, torch.Tensor): n[2] = float(ch.shape[0])
-        return n
+@patch
+def _batch_counts(self:ChannelTrainerMixin, batch:Mapping) -> torch.Tensor:
+    "(3,) float64: what each channel averages over in this batch: response tokens (channel 1), SDPO targets, DPO pairs."
+    n = torch.zeros(3, dtype=torch.float64)
+    rm = batch.get("response_mask")
+    if isinstance(rm, torch.Tensor) and rm.dim() == 2: n[0] = float((rm[:, 1:] != 0).sum())
+    tm, sm = batch.get("sdpo_loss_mask"), batch.get("sdpo_student_mask")
+    if self.alpha_sdpo != 0 and isinstance(tm, torch.Tensor) and batch.get("ctx_teacher_input_ids") is not None:
+        ids = batch.get("input_ids")
+        if sm is not None or (isinstance(ids, torch.Tensor) and tuple(batch["ctx_teacher_input_ids"].shape) == tuple(ids.shape)):
+            n[1] = float((tm != 0).sum())
+    ch = batch.get("dpo_chosen_input_ids")
+    if self.beta_replay != 0 and isinstance(ch, torch.Tensor): n[2] = float(ch.shape[0])
+    return n
 
-    def _stand_ins(self, batch:Mapping, needed:torch.Tensor) -> dict:
-        "`batch` with zero-weight stand-ins for the channels `needed` (global counts > 0) that it lacks: under FSDP every process must run the same forwards."
-        b, ids = dict(batch), batch["input_ids"]
-        have = self._batch_counts(batch)
-        if needed[1] > 0 and have[1] == 0 and self.alpha_sdpo != 0:   # the teacher's forward, on the student's own row, no target
-            b.update(ctx_teacher_input_ids=ids, sdpo_loss_mask=torch.zeros_like(ids)); b.pop("sdpo_student_mask", None)
-            if batch.get("attention_mask") is not None: b["ctx_teacher_attention_mask"] = batch["attention_mask"]
-            else: b.pop("ctx_teacher_attention_mask", None)
-        if needed[2] > 0 and have[2] == 0 and self.beta_replay != 0:  # a pair of the first row with empty responses (and its reference)
-            for side in ("chosen", "rejected"):
-                b[f"dpo_{side}_input_ids"], b[f"dpo_{side}_response_mask"] = ids[:1], torch.zeros_like(ids[:1])
-                for k in (f"dpo_{side}_attention_mask", f"dpo_{side}_ref_logprobs"): b.pop(k, None)
-        return b
+@patch
+def _stand_ins(self:ChannelTrainerMixin, batch:Mapping, needed:torch.Tensor) -> dict:
+    "`batch` with zero-weight stand-ins for the channels `needed` (global counts > 0) that it lacks: under FSDP every process must run the same forwards."
+    b, ids = dict(batch), batch["input_ids"]
+    have = self._batch_counts(batch)
+    if needed[1] > 0 and have[1] == 0 and self.alpha_sdpo != 0:   # the teacher's forward, on the student's own row, no target
+        b.update(ctx_teacher_input_ids=ids, sdpo_loss_mask=torch.zeros_like(ids)); b.pop("sdpo_student_mask", None)
+        if batch.get("attention_mask") is not None: b["ctx_teacher_attention_mask"] = batch["attention_mask"]
+        else: b.pop("ctx_teacher_attention_mask", None)
+    if needed[2] > 0 and have[2] == 0 and self.beta_replay != 0:  # a pair of the first row with empty responses (and its reference)
+        for side in ("chosen", "rejected"):
+            b[f"dpo_{side}_input_ids"], b[f"dpo_{side}_response_mask"] = ids[:1], torch.zeros_like(ids[:1])
+            for k in (f"dpo_{side}_attention_mask", f"dpo_{side}_ref_logprobs"): b.pop(k, None)
+    return b
 
-    def _global_share(self, local:torch.Tensor, total:torch.Tensor) -> torch.Tensor:
-        "(3,) this process's share of each channel's global count, times the number of processes (DDP averages the gradients)."
-        return torch.where(total > 0, local / total.clamp_min(1), torch.zeros_like(local)) * self._world
+@patch
+def _global_share(self:ChannelTrainerMixin, local:torch.Tensor, total:torch.Tensor) -> torch.Tensor:
+    "(3,) this process's share of each channel's global count, times the number of processes (DDP averages the gradients)."
+    return torch.where(total > 0, local / total.clamp_min(1), torch.zeros_like(local)) * self._world
 
-    def _log_channels(self, logs:dict) -> dict:
-        "`logs` with each channel's average since the last log, averaged over the processes (one collective, every process calls it)."
-        if not (self._channel_metrics and "loss" in logs): return logs
-        keys = sorted(self._channel_metrics)
-        vals = torch.tensor([_mean(self._channel_metrics[k]) for k in keys], dtype=torch.float64)
-        vals = self._global_sum(vals) / self._world
-        self._channel_metrics.clear()
-        return {**logs, **{k: float(v) for k, v in zip(keys, vals)}}
+# %% ../../nbs/20b_trainer.channels.ipynb #e06360e1
+@patch
+def _log_channels(self:ChannelTrainerMixin, logs:dict) -> dict:
+    "`logs` with each channel's average since the last log, averaged over the processes (one collective, every process calls it)."
+    if not (self._channel_metrics and "loss" in logs): return logs
+    keys = sorted(self._channel_metrics)
+    vals = torch.tensor([_mean(self._channel_metrics[k]) for k in keys], dtype=torch.float64)
+    vals = self._global_sum(vals) / self._world
+    self._channel_metrics.clear()
+    return {**logs, **{k: float(v) for k, v in zip(keys, vals)}}
 
 # %% ../../nbs/20b_trainer.channels.ipynb #317520e2
 class TAIDSchedulerCallback(TrainerCallback):

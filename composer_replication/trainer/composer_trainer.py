@@ -28,6 +28,8 @@ from .channels import (
 from .data_collator import ComposerDataCollator, precompute_ref_logprobs
 _all_ = ["is_adapter_model", "loss_view", "adapter_free_ref_logprobs"]
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['ComposerOfflineTrainer', 'ComposerReplicationTrainer', 'is_adapter_model', 'loss_view', 'adapter_free_ref_logprobs',
            'GRPOTrainerBase']
@@ -164,40 +166,44 @@ class _DiLoCoMixin:
         if store is not None and hasattr(store, "round_id"): st["store_round"] = int(store.round_id)  # MockManager's rendezvous
         return st
 
-    def _diloco_save(self, ckpt_dir:str):
-        if self.diloco is None: return
-        os.makedirs(ckpt_dir, exist_ok=True)
-        path = os.path.join(ckpt_dir, _DILOCO_FILE); tmp = path + ".tmp"
-        torch.save(self._diloco_state(), tmp); os.replace(tmp, path)
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #0cdfc8ce
+@patch
+def _diloco_save(self:_DiLoCoMixin, ckpt_dir:str):
+    if self.diloco is None: return
+    os.makedirs(ckpt_dir, exist_ok=True)
+    path = os.path.join(ckpt_dir, _DILOCO_FILE); tmp = path + ".tmp"
+    torch.save(self._diloco_state(), tmp); os.replace(tmp, path)
 
-    def _diloco_load(self, ckpt_dir:str):
-        path = os.path.join(ckpt_dir, _DILOCO_FILE)
-        if not os.path.exists(path):
-            warnings.warn(f"{ckpt_dir} has no {_DILOCO_FILE} (saved without DiLoCo?): the outer loop starts from the checkpoint's weights")
-            return
-        st = torch.load(path, weights_only=True, map_location="cpu")
-        frags = self.diloco._fragments
-        if st.get("format") != 1 or len(st["fragments"]) != len(frags):
-            raise ValueError(f"{path} holds {len(st.get('fragments', []))} fragment(s) (format {st.get('format')!r}); this run has {len(frags)}")
-        for k, (f, s) in enumerate(zip(frags, st["fragments"])):
-            if set(s["original_parameters"]) != set(f.original_parameters):
-                raise ValueError(f"{path}: fragment {k}'s parameters differ from the model's (another model?)")
-            for n, t in s["original_parameters"].items(): f.original_parameters[n].copy_(t)
-            f._outer_optimizer.load_state_dict(s["outer_optimizer"])
-        self.diloco._local_step = int(st["local_step"])
-        m = self.diloco_manager
-        if "manager" in st and callable(getattr(m, "load_state_dict", None)): m.load_state_dict(st["manager"])
-        elif hasattr(m, "_step"): m._step = int(st["manager_step"])
-        store = getattr(m, "store", None)
-        if "store_round" in st and store is not None and hasattr(store, "_round_counter"): store._round_counter = int(st["store_round"])
+@patch
+def _diloco_load(self:_DiLoCoMixin, ckpt_dir:str):
+    path = os.path.join(ckpt_dir, _DILOCO_FILE)
+    if not os.path.exists(path):
+        warnings.warn(f"{ckpt_dir} has no {_DILOCO_FILE} (saved without DiLoCo?): the outer loop starts from the checkpoint's weights")
+        return
+    st = torch.load(path, weights_only=True, map_location="cpu")
+    frags = self.diloco._fragments
+    if st.get("format") != 1 or len(st["fragments"]) != len(frags):
+        raise ValueError(f"{path} holds {len(st.get('fragments', []))} fragment(s) (format {st.get('format')!r}); this run has {len(frags)}")
+    for k, (f, s) in enumerate(zip(frags, st["fragments"])):
+        if set(s["original_parameters"]) != set(f.original_parameters):
+            raise ValueError(f"{path}: fragment {k}'s parameters differ from the model's (another model?)")
+        for n, t in s["original_parameters"].items(): f.original_parameters[n].copy_(t)
+        f._outer_optimizer.load_state_dict(s["outer_optimizer"])
+    self.diloco._local_step = int(st["local_step"])
+    m = self.diloco_manager
+    if "manager" in st and callable(getattr(m, "load_state_dict", None)): m.load_state_dict(st["manager"])
+    elif hasattr(m, "_step"): m._step = int(st["manager_step"])
+    store = getattr(m, "store", None)
+    if "store_round" in st and store is not None and hasattr(store, "_round_counter"): store._round_counter = int(st["store_round"])
 
-    def _train_with_diloco(self, train, resume_from_checkpoint, **kwargs):
-        "Run `train` with the checkpoint to resume DiLoCo from; leave the outer loop even if training fails."
-        ckpt = resume_from_checkpoint
-        if ckpt is True: ckpt = get_last_checkpoint(self.args.output_dir)
-        self._diloco_resume = ckpt or None
-        try: return train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
-        finally: self._diloco_end(); self._diloco_resume = None
+@patch
+def _train_with_diloco(self:_DiLoCoMixin, train, resume_from_checkpoint, **kwargs):
+    "Run `train` with the checkpoint to resume DiLoCo from; leave the outer loop even if training fails."
+    ckpt = resume_from_checkpoint
+    if ckpt is True: ckpt = get_last_checkpoint(self.args.output_dir)
+    self._diloco_resume = ckpt or None
+    try: return train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+    finally: self._diloco_end(); self._diloco_resume = None
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #535a8236
 class ComposerOfflineTrainer(ChannelTrainerMixin, _DiLoCoMixin, Trainer):

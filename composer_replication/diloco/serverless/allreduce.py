@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['ObjectStoreAllReduce', 'MockManager', '_ImmediateWork']
 
@@ -117,102 +119,6 @@ class ObjectStoreAllReduce:
         run = f", run_id={self.run_id!r}" if self.run_id is not None else ""
         return f"ObjectStoreAllReduce({self.uri!r}, rank={self.rank}, world_size={self.world_size}, round_id={self._round_counter}{run})"
 
-    def _round_dir(self, r:int) -> str: return f"{self._root}/round_{r:06d}"
-    def _rank_path(self, r:int, k:int) -> str: return f"{self._round_dir(r)}/rank_{k:04d}.safetensors"
-
-    def _put(self, path:str, tensors:dict[str, torch.Tensor], meta:dict[str, str]):
-        "Write `tensors` as safetensors so that readers see either nothing or the whole file."
-        import safetensors.torch as st
-        if self._local:
-            d = os.path.dirname(path); os.makedirs(d, exist_ok=True)
-            tmp = os.path.join(d, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")  # never matches `rank_NNNN.safetensors`
-            try:
-                st.save_file(tensors, tmp, metadata=meta)
-                n = os.path.getsize(tmp)
-                os.replace(tmp, path)  # atomic rename within one directory (POSIX)
-            except BaseException:
-                try: os.unlink(tmp)
-                except FileNotFoundError: pass
-                raise
-        else:
-            data = st.save(tensors, metadata=meta); n = len(data)
-            with self._fs_lock: self.fs.pipe_file(path, data)  # a single PUT: object stores publish it whole or not at all
-        self.bytes_written += n
-
-    def _names(self, d:str) -> list[str]:
-        "The entries of folder `d` (none when it does not exist)."
-        try:
-            if self._local: return os.listdir(d)
-            with self._fs_lock:
-                self.fs.invalidate_cache(d)  # listings are cached by some backends (s3fs)
-                return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
-        except FileNotFoundError: return []
-
-    def _posted(self, r:int) -> set[int]:
-        "Ranks whose file for round `r` exists now."
-        return {int(m.group(1)) for n in self._names(self._round_dir(r)) if (m := _RANK_FILE.fullmatch(n))}
-
-    def _check_fresh(self):
-        "Before a fresh start's first post: no peer of this run can be past round 0 yet, and nobody but this rank writes its file, so such files are an earlier run's."
-        stale = sorted(f"{d}/{n}" for d in self._names(self._root) if (m := _ROUND_DIR.fullmatch(d))
-                       for n in self._names(f"{self._root}/{d}") if _RANK_FILE.fullmatch(n) and (int(m.group(1)) > 0 or n == f"rank_{self.rank:04d}.safetensors"))
-        if stale:
-            raise ValueError(f"{self._root}/ holds files of an earlier run ({', '.join(stale[:3])}{' …' if len(stale) > 3 else ''}): "
-                             "their values would be averaged into this one; use a fresh rendezvous uri, a new run_id, or round_id= to resume")
-
-    def _fetch(self, r:int, k:int, key:str, mine:torch.Tensor) -> torch.Tensor:
-        "Read and check rank `k`'s tensor for round `r`."
-        import safetensors.torch as st
-        path = self._rank_path(r, k)
-        where = f"round {r}: rank {k}'s file {path}"
-        if self._local:  # header first; then safetensors maps the file (no copy until the sum reads it)
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size; head = f.read(8)
-                if len(head) == 8: head += f.read(min(struct.unpack("<Q", head)[0], 100_000_000))
-            data, load = head, lambda: st.load_file(path)
-        else:
-            with self._fs_lock: data = self.fs.cat_file(path)
-            size = len(data); load = lambda: st.load(data)
-        self.bytes_read += size
-        meta = _header(data, where, size).get("__metadata__") or {}
-        want = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(k), "world_size": str(self.world_size), "name": key}
-        bad = {f: (meta.get(f), v) for f, v in want.items() if meta.get(f) != v}
-        if bad: raise ValueError(f"{where} does not belong to this all-reduce: " + ", ".join(f"{f}={got!r} (expected {exp!r})" for f, (got, exp) in bad.items()))
-        try: t = load()[key]
-        except Exception as e: raise ValueError(f"{where} is not a readable safetensors file: {e}") from None
-        if t.shape != mine.shape or t.dtype != mine.dtype:
-            raise ValueError(f"round {r}: rank {k} posted '{key}' with shape {tuple(t.shape)} {t.dtype}, but rank {self.rank} has shape {tuple(mine.shape)} {mine.dtype}")
-        _check_finite(t, f"round {r}: rank {k} posted '{key}'")
-        return t
-
-    def _gather(self, r:int, key:str, mine:torch.Tensor) -> dict[int, torch.Tensor]:
-        "Wait for every peer's file of round `r` (back-off polling) and read them."
-        parts, missing = {self.rank: mine}, set(range(self.world_size)) - {self.rank}
-        t0 = time.monotonic(); deadline = t0 + self.timeout_s
-        delay, polls, sleeps = 1e-3, 0, []
-        while missing:
-            polls += 1
-            for k in sorted(self._posted(r) & missing):
-                parts[k] = self._fetch(r, k, key, mine); missing.discard(k)
-            if not missing: break
-            now = time.monotonic()
-            if now >= deadline:
-                raise TimeoutError(f"ObjectStoreAllReduce round {r} at {self.uri}round_{r:06d}/: rank(s) {sorted(missing)} of world_size "
-                                   f"{self.world_size} never posted within timeout_s={self.timeout_s:g} (rank {self.rank} waited {now - t0:.1f} s)")
-            s = min(delay, self.poll_interval_s, deadline - now)
-            time.sleep(s); sleeps.append(s); delay *= self.backoff
-        self.last_wait = {"round": r, "polls": polls, "waited_s": time.monotonic() - t0, "sleeps": sleeps}
-        return parts
-
-    def _delete_own(self, r:int):
-        "Remove this rank's file of round `r` (every peer has read it) and the round's directory once empty."
-        try:
-            with self._fs_lock: self.fs.rm_file(self._rank_path(r, self.rank))
-        except FileNotFoundError: pass
-        if self._local:
-            try: os.rmdir(self._round_dir(r))
-            except OSError: pass  # peers' files still there: the last rank to leave removes it
-
     def allreduce(self,
                   tensor:torch.Tensor, # floating-point tensor of the same shape and dtype on every rank; overwritten with the mean
                   *,
@@ -247,6 +153,115 @@ class ObjectStoreAllReduce:
         self._round_counter = r + 1
         if r > 0: self._delete_own(r - 1)
         return tensor
+
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #7a8721d6
+@patch
+def _round_dir(self:ObjectStoreAllReduce, r:int) -> str: return f"{self._root}/round_{r:06d}"
+
+@patch
+def _rank_path(self:ObjectStoreAllReduce, r:int, k:int) -> str: return f"{self._round_dir(r)}/rank_{k:04d}.safetensors"
+
+@patch
+def _put(self:ObjectStoreAllReduce, path:str, tensors:dict[str, torch.Tensor], meta:dict[str, str]):
+    "Write `tensors` as safetensors so that readers see either nothing or the whole file."
+    import safetensors.torch as st
+    if self._local:
+        d = os.path.dirname(path); os.makedirs(d, exist_ok=True)
+        tmp = os.path.join(d, f".tmp-{uuid.uuid4().hex}-{os.path.basename(path)}")  # never matches `rank_NNNN.safetensors`
+        try:
+            st.save_file(tensors, tmp, metadata=meta)
+            n = os.path.getsize(tmp)
+            os.replace(tmp, path)  # atomic rename within one directory (POSIX)
+        except BaseException:
+            try: os.unlink(tmp)
+            except FileNotFoundError: pass
+            raise
+    else:
+        data = st.save(tensors, metadata=meta); n = len(data)
+        with self._fs_lock: self.fs.pipe_file(path, data)  # a single PUT: object stores publish it whole or not at all
+    self.bytes_written += n
+
+@patch
+def _names(self:ObjectStoreAllReduce, d:str) -> list[str]:
+    "The entries of folder `d` (none when it does not exist)."
+    try:
+        if self._local: return os.listdir(d)
+        with self._fs_lock:
+            self.fs.invalidate_cache(d)  # listings are cached by some backends (s3fs)
+            return [p.rstrip("/").rsplit("/", 1)[-1] for p in self.fs.ls(d, detail=False)]
+    except FileNotFoundError: return []
+
+@patch
+def _posted(self:ObjectStoreAllReduce, r:int) -> set[int]:
+    "Ranks whose file for round `r` exists now."
+    return {int(m.group(1)) for n in self._names(self._round_dir(r)) if (m := _RANK_FILE.fullmatch(n))}
+
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #40b026b2
+@patch
+def _check_fresh(self:ObjectStoreAllReduce):
+    "Before a fresh start's first post: no peer of this run can be past round 0 yet, and nobody but this rank writes its file, so such files are an earlier run's."
+    stale = sorted(f"{d}/{n}" for d in self._names(self._root) if (m := _ROUND_DIR.fullmatch(d))
+                   for n in self._names(f"{self._root}/{d}") if _RANK_FILE.fullmatch(n) and (int(m.group(1)) > 0 or n == f"rank_{self.rank:04d}.safetensors"))
+    if stale:
+        raise ValueError(f"{self._root}/ holds files of an earlier run ({', '.join(stale[:3])}{' …' if len(stale) > 3 else ''}): "
+                         "their values would be averaged into this one; use a fresh rendezvous uri, a new run_id, or round_id= to resume")
+
+@patch
+def _fetch(self:ObjectStoreAllReduce, r:int, k:int, key:str, mine:torch.Tensor) -> torch.Tensor:
+    "Read and check rank `k`'s tensor for round `r`."
+    import safetensors.torch as st
+    path = self._rank_path(r, k)
+    where = f"round {r}: rank {k}'s file {path}"
+    if self._local:  # header first; then safetensors maps the file (no copy until the sum reads it)
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size; head = f.read(8)
+            if len(head) == 8: head += f.read(min(struct.unpack("<Q", head)[0], 100_000_000))
+        data, load = head, lambda: st.load_file(path)
+    else:
+        with self._fs_lock: data = self.fs.cat_file(path)
+        size = len(data); load = lambda: st.load(data)
+    self.bytes_read += size
+    meta = _header(data, where, size).get("__metadata__") or {}
+    want = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(k), "world_size": str(self.world_size), "name": key}
+    bad = {f: (meta.get(f), v) for f, v in want.items() if meta.get(f) != v}
+    if bad: raise ValueError(f"{where} does not belong to this all-reduce: " + ", ".join(f"{f}={got!r} (expected {exp!r})" for f, (got, exp) in bad.items()))
+    try: t = load()[key]
+    except Exception as e: raise ValueError(f"{where} is not a readable safetensors file: {e}") from None
+    if t.shape != mine.shape or t.dtype != mine.dtype:
+        raise ValueError(f"round {r}: rank {k} posted '{key}' with shape {tuple(t.shape)} {t.dtype}, but rank {self.rank} has shape {tuple(mine.shape)} {mine.dtype}")
+    _check_finite(t, f"round {r}: rank {k} posted '{key}'")
+    return t
+
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #2cee25e5
+@patch
+def _gather(self:ObjectStoreAllReduce, r:int, key:str, mine:torch.Tensor) -> dict[int, torch.Tensor]:
+    "Wait for every peer's file of round `r` (back-off polling) and read them."
+    parts, missing = {self.rank: mine}, set(range(self.world_size)) - {self.rank}
+    t0 = time.monotonic(); deadline = t0 + self.timeout_s
+    delay, polls, sleeps = 1e-3, 0, []
+    while missing:
+        polls += 1
+        for k in sorted(self._posted(r) & missing):
+            parts[k] = self._fetch(r, k, key, mine); missing.discard(k)
+        if not missing: break
+        now = time.monotonic()
+        if now >= deadline:
+            raise TimeoutError(f"ObjectStoreAllReduce round {r} at {self.uri}round_{r:06d}/: rank(s) {sorted(missing)} of world_size "
+                               f"{self.world_size} never posted within timeout_s={self.timeout_s:g} (rank {self.rank} waited {now - t0:.1f} s)")
+        s = min(delay, self.poll_interval_s, deadline - now)
+        time.sleep(s); sleeps.append(s); delay *= self.backoff
+    self.last_wait = {"round": r, "polls": polls, "waited_s": time.monotonic() - t0, "sleeps": sleeps}
+    return parts
+
+@patch
+def _delete_own(self:ObjectStoreAllReduce, r:int):
+    "Remove this rank's file of round `r` (every peer has read it) and the round's directory once empty."
+    try:
+        with self._fs_lock: self.fs.rm_file(self._rank_path(r, self.rank))
+    except FileNotFoundError: pass
+    if self._local:
+        try: os.rmdir(self._round_dir(r))
+        except OSError: pass  # peers' files still there: the last rank to leave removes it
 
 # %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #7af2928f
 class _ImmediateWork:

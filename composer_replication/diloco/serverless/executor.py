@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['STATUSES', 'FINAL_STATUSES', 'ReplicaHandle', 'ServerlessExecutor', 'resolve_entrypoint', 'entrypoint_path',
            'wait_for_replicas', 'LocalProcessExecutor']
@@ -219,49 +221,6 @@ class LocalProcessExecutor:
             self._runs[h.metadata["key"]] = run; handles.append(h)
         return handles
 
-    def _run(self, handle:ReplicaHandle) -> _Run:
-        key = getattr(handle, "metadata", {}).get("key") if isinstance(handle, ReplicaHandle) else None
-        if key not in self._runs: raise ValueError(f"{handle!r} was not launched by this executor")
-        return self._runs[key]
-
-    def _kill(self, run:_Run):
-        "SIGTERM the replica's process group, SIGKILL it after 5 s."
-        p = run.proc
-        if p.pid is None or p.exitcode is not None: return
-        for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            try: os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError, AttributeError):
-                try: p.kill() if sig == signal.SIGKILL else p.terminate()
-                except Exception: pass
-            p.join(wait)
-            if p.exitcode is not None: return
-
-    def _expire(self, run:_Run):
-        with self._lock:
-            if not self._refresh(run).done: run.timed_out = True; self._kill(run); self._refresh(run)
-
-    def _refresh(self, run:_Run) -> _Run:
-        "Move a replica to its final state once its process has exited."
-        with self._lock: return self._finalize(run)
-
-    def _finalize(self, run:_Run) -> _Run:
-        if run.done or (run.proc.exitcode is None and run.proc.is_alive()): return run
-        run.proc.join(); run.reader.join(5.0)
-        run.exit_code = code = run.proc.exitcode
-        kind, payload = run.msg if isinstance(run.msg, tuple) and len(run.msg) == 2 else (None, None)
-        if run.cancelled: run.status, run.error = "cancelled", "cancelled by the launcher"
-        elif run.timed_out: run.status, run.error = "failed", f"killed after exceeding timeout={run.timeout:g} s"
-        elif kind == "ok" and code == 0: run.status, run.result = "succeeded", payload
-        elif kind == "error": run.status, run.error = "failed", payload
-        else:
-            how = f"was killed by {_signame(code)}" if code is not None and code < 0 else f"exited with code {code}"
-            run.status = "failed"
-            run.error = f"replica {run.handle.rank} {how} without reporting a result; last log lines:\n{_tail(run.handle.metadata['log_path'], 20)}"
-        if run.timer is not None: run.timer.cancel()
-        try: run.conn.close()
-        except OSError: pass
-        return run
-
     def poll(self, handle:ReplicaHandle) -> str:
         "The replica's state: 'pending', 'running', 'succeeded', 'failed' or 'cancelled'."
         run = self._refresh(self._run(handle))
@@ -293,12 +252,63 @@ class LocalProcessExecutor:
             out.append(d)
         return out
 
-    def _shutdown(self):
-        for run in list(self._runs.values()):
-            try:
-                if not self._refresh(run).done: run.cancelled = True; self._kill(run)
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #ce23ed3d
+@patch
+def _run(self:LocalProcessExecutor, handle:ReplicaHandle) -> _Run:
+    key = getattr(handle, "metadata", {}).get("key") if isinstance(handle, ReplicaHandle) else None
+    if key not in self._runs: raise ValueError(f"{handle!r} was not launched by this executor")
+    return self._runs[key]
+
+@patch
+def _kill(self:LocalProcessExecutor, run:_Run):
+    "SIGTERM the replica's process group, SIGKILL it after 5 s."
+    p = run.proc
+    if p.pid is None or p.exitcode is not None: return
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try: os.killpg(p.pid, sig)
+        except (ProcessLookupError, PermissionError, AttributeError):
+            try: p.kill() if sig == signal.SIGKILL else p.terminate()
             except Exception: pass
-        if self._own_log_dir: shutil.rmtree(self.log_dir, ignore_errors=True)
+        p.join(wait)
+        if p.exitcode is not None: return
+
+@patch
+def _expire(self:LocalProcessExecutor, run:_Run):
+    with self._lock:
+        if not self._refresh(run).done: run.timed_out = True; self._kill(run); self._refresh(run)
+
+@patch
+def _refresh(self:LocalProcessExecutor, run:_Run) -> _Run:
+    "Move a replica to its final state once its process has exited."
+    with self._lock: return self._finalize(run)
+
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #0780a367
+@patch
+def _finalize(self:LocalProcessExecutor, run:_Run) -> _Run:
+    if run.done or (run.proc.exitcode is None and run.proc.is_alive()): return run
+    run.proc.join(); run.reader.join(5.0)
+    run.exit_code = code = run.proc.exitcode
+    kind, payload = run.msg if isinstance(run.msg, tuple) and len(run.msg) == 2 else (None, None)
+    if run.cancelled: run.status, run.error = "cancelled", "cancelled by the launcher"
+    elif run.timed_out: run.status, run.error = "failed", f"killed after exceeding timeout={run.timeout:g} s"
+    elif kind == "ok" and code == 0: run.status, run.result = "succeeded", payload
+    elif kind == "error": run.status, run.error = "failed", payload
+    else:
+        how = f"was killed by {_signame(code)}" if code is not None and code < 0 else f"exited with code {code}"
+        run.status = "failed"
+        run.error = f"replica {run.handle.rank} {how} without reporting a result; last log lines:\n{_tail(run.handle.metadata['log_path'], 20)}"
+    if run.timer is not None: run.timer.cancel()
+    try: run.conn.close()
+    except OSError: pass
+    return run
+
+@patch
+def _shutdown(self:LocalProcessExecutor):
+    for run in list(self._runs.values()):
+        try:
+            if not self._refresh(run).done: run.cancelled = True; self._kill(run)
+        except Exception: pass
+    if self._own_log_dir: shutil.rmtree(self.log_dir, ignore_errors=True)
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #c107a6a2
 def _echo_job(**kw):

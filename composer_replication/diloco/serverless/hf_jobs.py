@@ -15,6 +15,8 @@ from typing import Any, Callable, Mapping
 
 from .executor import FINAL_STATUSES, ReplicaHandle, entrypoint_path, resolve_entrypoint, wait_for_replicas
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['RESULT_MARKER', 'gpu_flavor', 'job_status', 'replica_command', 'run_replica', 'parse_result', 'HFJobsExecutor']
 
@@ -128,102 +130,111 @@ class HFJobsExecutor:
         if self._namespace is None: self._namespace = self.api.whoami()["name"]
         return self._namespace
 
-    def launch_replicas(self,
-                        n_replicas:int, # how many replicas (ranks 0..n-1), one job each
-                        entrypoint:str|Callable[..., Any], # module path (its `main`), 'module.function', 'module:function', or a module-level function
-                        entrypoint_args:Mapping[str, Any], # JSON-serialisable keyword arguments; `rank_env` (default "REPLICA_RANK") is taken out
-                        *,
-                        gpu:str|None=None, # None (cpu-basic), an HF Jobs flavor, or a GPU name (see `gpu_flavor`)
-                        timeout:int=3600, # seconds each job may run (the Hub stops it after that)
-                       ) -> list[ReplicaHandle]:
-        "Start one HF Job per rank running `entrypoint(**entrypoint_args)`; return handles in rank order (jobs already started are cancelled if one fails to start)."
-        if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
-            raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
-        if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0: raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        kwargs = dict(entrypoint_args)
-        rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
-        if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
-        flavor = gpu_flavor(gpu)
-        command = replica_command(entrypoint_path(entrypoint, "a remote job"), kwargs, python=self.python, install=self.install)
-        uri = str(kwargs.get("rendezvous_uri", ""))
-        secrets = dict(self.secrets)
-        if uri.startswith("hf://") and "HF_TOKEN" not in secrets:  # replicas need write access to the hf:// rendezvous
-            from huggingface_hub import get_token
-            tok = self._token or get_token()
-            if not tok: raise ValueError(f"rendezvous_uri {uri!r} is on the Hub, but no HF token is available to give the jobs: pass token= or log in")
-            secrets["HF_TOKEN"] = tok
-        launch = uuid.uuid4().hex[:8]; handles: list[ReplicaHandle] = []
-        try:
-            for rank in range(n_replicas):
-                env = {**self.env, rank_env: str(rank), "WORLD_SIZE": str(n_replicas), "COMPOSER_LAUNCH_ID": launch}
-                if uri: env["RENDEZVOUS_URI"] = uri
-                job = self.api.run_job(image=self.image, command=command, env=env, secrets=secrets or None, flavor=flavor, timeout=int(timeout),
-                                       labels={"composer-launch": launch, "replica-rank": str(rank)}, name=f"diloco-{launch}-rank{rank}",
-                                       namespace=self.namespace)
-                handles.append(ReplicaHandle(rank, self.backend_name, {"job_id": job.id, "namespace": self.namespace, "url": getattr(job, "url", None),
-                                                                      "flavor": flavor, "launch": launch, "start_ts": time.time()}))
-        except BaseException:
-            for h in handles: self.cancel(h)
-            raise
-        return handles
-
-    def _job_id(self, handle:ReplicaHandle) -> str:
-        jid = handle.metadata.get("job_id") if isinstance(handle, ReplicaHandle) else None
-        if not isinstance(jid, str) or (isinstance(handle, ReplicaHandle) and handle.backend_name != self.backend_name):
-            raise ValueError(f"{handle!r} was not launched by an HFJobsExecutor")
-        return jid
-
     def _info(self, handle:ReplicaHandle):
         return self.api.inspect_job(job_id=self._job_id(handle), namespace=handle.metadata.get("namespace") or self.namespace)
 
-    def poll(self, handle:ReplicaHandle) -> str:
-        "The job's state: 'pending' (scheduling), 'running', 'succeeded', 'failed' or 'cancelled'."
-        return job_status(self._info(handle).status.stage)
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #9343d7c3
+@patch
+def launch_replicas(self:HFJobsExecutor,
+                    n_replicas:int, # how many replicas (ranks 0..n-1), one job each
+                    entrypoint:str|Callable[..., Any], # module path (its `main`), 'module.function', 'module:function', or a module-level function
+                    entrypoint_args:Mapping[str, Any], # JSON-serialisable keyword arguments; `rank_env` (default "REPLICA_RANK") is taken out
+                    *,
+                    gpu:str|None=None, # None (cpu-basic), an HF Jobs flavor, or a GPU name (see `gpu_flavor`)
+                    timeout:int=3600, # seconds each job may run (the Hub stops it after that)
+                   ) -> list[ReplicaHandle]:
+    "Start one HF Job per rank running `entrypoint(**entrypoint_args)`; return handles in rank order (jobs already started are cancelled if one fails to start)."
+    if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
+        raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
+    if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0: raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    kwargs = dict(entrypoint_args)
+    rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
+    if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
+    flavor = gpu_flavor(gpu)
+    command = replica_command(entrypoint_path(entrypoint, "a remote job"), kwargs, python=self.python, install=self.install)
+    uri = str(kwargs.get("rendezvous_uri", ""))
+    secrets = dict(self.secrets)
+    if uri.startswith("hf://") and "HF_TOKEN" not in secrets:  # replicas need write access to the hf:// rendezvous
+        from huggingface_hub import get_token
+        tok = self._token or get_token()
+        if not tok: raise ValueError(f"rendezvous_uri {uri!r} is on the Hub, but no HF token is available to give the jobs: pass token= or log in")
+        secrets["HF_TOKEN"] = tok
+    launch = uuid.uuid4().hex[:8]; handles: list[ReplicaHandle] = []
+    try:
+        for rank in range(n_replicas):
+            env = {**self.env, rank_env: str(rank), "WORLD_SIZE": str(n_replicas), "COMPOSER_LAUNCH_ID": launch}
+            if uri: env["RENDEZVOUS_URI"] = uri
+            job = self.api.run_job(image=self.image, command=command, env=env, secrets=secrets or None, flavor=flavor, timeout=int(timeout),
+                                   labels={"composer-launch": launch, "replica-rank": str(rank)}, name=f"diloco-{launch}-rank{rank}",
+                                   namespace=self.namespace)
+            handles.append(ReplicaHandle(rank, self.backend_name, {"job_id": job.id, "namespace": self.namespace, "url": getattr(job, "url", None),
+                                                                  "flavor": flavor, "launch": launch, "start_ts": time.time()}))
+    except BaseException:
+        for h in handles: self.cancel(h)
+        raise
+    return handles
 
-    def stream_logs(self, handle:ReplicaHandle, *, n_lines:int=200) -> str:
-        "The last `n_lines` lines the job printed (one non-following request to its log stream)."
-        jid = self._job_id(handle)
-        if jid in self._logs: text = self._logs[jid]
-        else: text = "\n".join(self.api.fetch_job_logs(job_id=jid, namespace=handle.metadata.get("namespace") or self.namespace, follow=False, tail=n_lines if n_lines > 0 else None))
-        return "\n".join(text.splitlines()[-n_lines:]) if n_lines > 0 else ""
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #f9e148a7
+@patch
+def _job_id(self:HFJobsExecutor, handle:ReplicaHandle) -> str:
+    jid = handle.metadata.get("job_id") if isinstance(handle, ReplicaHandle) else None
+    if not isinstance(jid, str) or (isinstance(handle, ReplicaHandle) and handle.backend_name != self.backend_name):
+        raise ValueError(f"{handle!r} was not launched by an HFJobsExecutor")
+    return jid
 
-    def cancel(self, handle:ReplicaHandle) -> None:
-        "Cancel the job if it has not finished (best effort: errors from the Hub are swallowed)."
-        try:
-            if self.poll(handle) not in FINAL_STATUSES:
-                self.api.cancel_job(job_id=self._job_id(handle), namespace=handle.metadata.get("namespace") or self.namespace)
-        except ValueError: raise
-        except Exception: pass
+@patch
+def poll(self:HFJobsExecutor, handle:ReplicaHandle) -> str:
+    "The job's state: 'pending' (scheduling), 'running', 'succeeded', 'failed' or 'cancelled'."
+    return job_status(self._info(handle).status.stage)
 
-    def collect(self,
-                handles:list[ReplicaHandle], # from `launch_replicas`
-                *,
-                timeout:float|None=None, # seconds to wait for all of them; None waits until every job has finished
-               ) -> list[dict[str, Any]]:
-        "Wait for the jobs (at most `timeout` s); one dict per handle: rank, status, exit_code (0 on success; the Hub reports no other codes), error, result (from the log), job_id."
-        for h in handles: self._job_id(h)
-        infos: dict[int, Any] = {}
-        def pending():
-            for i, h in enumerate(handles):
-                if i not in infos or job_status(infos[i].status.stage) not in FINAL_STATUSES: infos[i] = self._info(h)
-            return [i for i in infos if job_status(infos[i].status.stage) not in FINAL_STATUSES]
-        wait_for_replicas(pending, lambda _, s: time.sleep(s), timeout, self.poll_interval_s)
-        out = []
+@patch
+def stream_logs(self:HFJobsExecutor, handle:ReplicaHandle, *, n_lines:int=200) -> str:
+    "The last `n_lines` lines the job printed (one non-following request to its log stream)."
+    jid = self._job_id(handle)
+    if jid in self._logs: text = self._logs[jid]
+    else: text = "\n".join(self.api.fetch_job_logs(job_id=jid, namespace=handle.metadata.get("namespace") or self.namespace, follow=False, tail=n_lines if n_lines > 0 else None))
+    return "\n".join(text.splitlines()[-n_lines:]) if n_lines > 0 else ""
+
+@patch
+def cancel(self:HFJobsExecutor, handle:ReplicaHandle) -> None:
+    "Cancel the job if it has not finished (best effort: errors from the Hub are swallowed)."
+    try:
+        if self.poll(handle) not in FINAL_STATUSES:
+            self.api.cancel_job(job_id=self._job_id(handle), namespace=handle.metadata.get("namespace") or self.namespace)
+    except ValueError: raise
+    except Exception: pass
+
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #e9ccf17f
+@patch
+def collect(self:HFJobsExecutor,
+            handles:list[ReplicaHandle], # from `launch_replicas`
+            *,
+            timeout:float|None=None, # seconds to wait for all of them; None waits until every job has finished
+           ) -> list[dict[str, Any]]:
+    "Wait for the jobs (at most `timeout` s); one dict per handle: rank, status, exit_code (0 on success; the Hub reports no other codes), error, result (from the log), job_id."
+    for h in handles: self._job_id(h)
+    infos: dict[int, Any] = {}
+    def pending():
         for i, h in enumerate(handles):
-            info = infos[i]; status = job_status(info.status.stage); jid = self._job_id(h)
-            d = {"rank": h.rank, "status": status, "exit_code": None, "error": None, "result": None, "job_id": jid}
-            if status in FINAL_STATUSES:
-                log = self._logs.get(jid)
-                if log is None:
-                    log = self._logs[jid] = "\n".join(self.api.fetch_job_logs(job_id=jid, namespace=h.metadata.get("namespace") or self.namespace, follow=False))
-                if status == "succeeded": d.update(exit_code=0, result=parse_result(log))
-                elif status == "cancelled": d["error"] = info.status.message or "cancelled"
-                else:
-                    d["error"] = f"job {jid} ended in {info.status.stage}: {info.status.message or 'no message'}; last log lines:\n" + "\n".join(log.splitlines()[-20:])
-            else: d["error"] = f"still {status} when collect(timeout={timeout:g}) returned"
-            out.append(d)
-        return out
+            if i not in infos or job_status(infos[i].status.stage) not in FINAL_STATUSES: infos[i] = self._info(h)
+        return [i for i in infos if job_status(infos[i].status.stage) not in FINAL_STATUSES]
+    wait_for_replicas(pending, lambda _, s: time.sleep(s), timeout, self.poll_interval_s)
+    out = []
+    for i, h in enumerate(handles):
+        info = infos[i]; status = job_status(info.status.stage); jid = self._job_id(h)
+        d = {"rank": h.rank, "status": status, "exit_code": None, "error": None, "result": None, "job_id": jid}
+        if status in FINAL_STATUSES:
+            log = self._logs.get(jid)
+            if log is None:
+                log = self._logs[jid] = "\n".join(self.api.fetch_job_logs(job_id=jid, namespace=h.metadata.get("namespace") or self.namespace, follow=False))
+            if status == "succeeded": d.update(exit_code=0, result=parse_result(log))
+            elif status == "cancelled": d["error"] = info.status.message or "cancelled"
+            else:
+                d["error"] = f"job {jid} ended in {info.status.stage}: {info.status.message or 'no message'}; last log lines:\n" + "\n".join(log.splitlines()[-20:])
+        else: d["error"] = f"still {status} when collect(timeout={timeout:g}) returned"
+        out.append(d)
+    return out
 
 # %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #cb13a0cf
 class _JobsHubStandIn:
@@ -274,14 +285,6 @@ class _JobsHubStandIn:
         with self.lock: self.jobs[jid] = job
         return job
 
-    def _kill(self, job:dict, why:str):
-        import signal
-        if job["proc"].poll() is None:
-            job[why] = True
-            try: os.killpg(job["proc"].pid, signal.SIGKILL)
-            except ProcessLookupError: pass
-            job["proc"].wait()
-
     def _info(self, job:dict) -> dict:
         import datetime as dt
         iso = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
@@ -297,48 +300,60 @@ class _JobsHubStandIn:
                 "secrets": sorted(s.get("secrets") or {}), "flavor": s.get("flavor"), "labels": s.get("labels"),
                 "status": {"stage": stage, "message": msg}, "owner": {"id": "0" * 24, "name": self.namespace, "type": "user"}}
 
-    def _handler(self):
-        import re
-        from http.server import BaseHTTPRequestHandler
-        from urllib.parse import urlsplit, parse_qs
-        hub = self
-        class H(BaseHTTPRequestHandler):
-            def log_message(self, *a): pass
-            def _json(self, code, obj):
-                body = json.dumps(obj).encode()
-                self.send_response(code); self.send_header("Content-Type", "application/json"); self.send_header("Content-Length", str(len(body)))
-                self.end_headers(); self.wfile.write(body)
-            def _route(self, method):
-                u = urlsplit(self.path); path = u.path
-                with hub.lock: hub.requests.append((method, path))
-                if self.headers.get("authorization") != f"Bearer {hub.token}": return self._json(401, {"error": "Invalid credentials in Authorization header"})
-                if method == "GET" and path == "/api/whoami-v2": return self._json(200, {"name": hub.namespace, "type": "user"})
-                m = re.fullmatch(r"/api/jobs/([^/]+)(?:/([^/]+))?(?:/(logs|cancel))?", path)
-                if not m: return self._json(404, {"error": f"no route {method} {path}"})
-                ns, jid, action = m.groups()
-                if ns != hub.namespace: return self._json(403, {"error": f"no access to namespace {ns}"})
-                if method == "POST" and jid is None:
-                    spec = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
-                    if not isinstance(spec.get("command"), list) or not spec.get("flavor"): return self._json(400, {"error": "command and flavor are required"})
-                    if hub.max_jobs is not None and len(hub.jobs) >= hub.max_jobs: return self._json(429, {"error": "job quota exceeded"})
-                    return self._json(200, hub._info(hub._start(spec)))
-                job = hub.jobs.get(jid)
-                if job is None: return self._json(404, {"error": f"job {jid} not found"})
-                if method == "GET" and action is None: return self._json(200, hub._info(job))
-                if method == "POST" and action == "cancel":
-                    if job["proc"].poll() is None: hub._kill(job, "cancelled")
-                    return self._json(200, {})
-                if method == "GET" and action == "logs":
-                    import datetime as dt
-                    with open(job["log"], encoding="utf-8", errors="replace") as f: lines = f.read().splitlines()
-                    tail = parse_qs(u.query).get("tail")
-                    if tail: lines = lines[-int(tail[0]):]
-                    self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
-                    ts = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
-                    for line in ["===== Job started at " + ts + " ====="] + lines:
-                        self.wfile.write(b"data: " + json.dumps({"timestamp": ts, "data": line}).encode() + b"\n\n")
-                    return
-                return self._json(405, {"error": f"{method} not allowed on {path}"})
-            def do_GET(self): self._route("GET")
-            def do_POST(self): self._route("POST")
-        return H
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #deb214e5
+@patch
+def _kill(self:_JobsHubStandIn, job:dict, why:str):
+    import signal
+    if job["proc"].poll() is None:
+        job[why] = True
+        try: os.killpg(job["proc"].pid, signal.SIGKILL)
+        except ProcessLookupError: pass
+        job["proc"].wait()
+
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #ea84b1a4
+@patch
+def _handler(self:_JobsHubStandIn):
+    import re
+    from http.server import BaseHTTPRequestHandler
+    from urllib.parse import urlsplit, parse_qs
+    hub = self
+    class H(BaseHTTPRequestHandler):
+        def log_message(self, *a): pass
+        def _json(self, code, obj):
+            body = json.dumps(obj).encode()
+            self.send_response(code); self.send_header("Content-Type", "application/json"); self.send_header("Content-Length", str(len(body)))
+            self.end_headers(); self.wfile.write(body)
+        def _route(self, method):
+            u = urlsplit(self.path); path = u.path
+            with hub.lock: hub.requests.append((method, path))
+            if self.headers.get("authorization") != f"Bearer {hub.token}": return self._json(401, {"error": "Invalid credentials in Authorization header"})
+            if method == "GET" and path == "/api/whoami-v2": return self._json(200, {"name": hub.namespace, "type": "user"})
+            m = re.fullmatch(r"/api/jobs/([^/]+)(?:/([^/]+))?(?:/(logs|cancel))?", path)
+            if not m: return self._json(404, {"error": f"no route {method} {path}"})
+            ns, jid, action = m.groups()
+            if ns != hub.namespace: return self._json(403, {"error": f"no access to namespace {ns}"})
+            if method == "POST" and jid is None:
+                spec = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+                if not isinstance(spec.get("command"), list) or not spec.get("flavor"): return self._json(400, {"error": "command and flavor are required"})
+                if hub.max_jobs is not None and len(hub.jobs) >= hub.max_jobs: return self._json(429, {"error": "job quota exceeded"})
+                return self._json(200, hub._info(hub._start(spec)))
+            job = hub.jobs.get(jid)
+            if job is None: return self._json(404, {"error": f"job {jid} not found"})
+            if method == "GET" and action is None: return self._json(200, hub._info(job))
+            if method == "POST" and action == "cancel":
+                if job["proc"].poll() is None: hub._kill(job, "cancelled")
+                return self._json(200, {})
+            if method == "GET" and action == "logs":
+                import datetime as dt
+                with open(job["log"], encoding="utf-8", errors="replace") as f: lines = f.read().splitlines()
+                tail = parse_qs(u.query).get("tail")
+                if tail: lines = lines[-int(tail[0]):]
+                self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
+                ts = dt.datetime.now(dt.timezone.utc).isoformat().replace("+00:00", "Z")
+                for line in ["===== Job started at " + ts + " ====="] + lines:
+                    self.wfile.write(b"data: " + json.dumps({"timestamp": ts, "data": line}).encode() + b"\n\n")
+                return
+            return self._json(405, {"error": f"{method} not allowed on {path}"})
+        def do_GET(self): self._route("GET")
+        def do_POST(self): self._route("POST")
+    return H

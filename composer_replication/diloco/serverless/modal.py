@@ -13,6 +13,8 @@ from typing import Any, Callable, Mapping
 
 from .executor import FINAL_STATUSES, ReplicaHandle, entrypoint_path, resolve_entrypoint, wait_for_replicas
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['modal_replica_main', 'define_replica_function', 'ModalExecutor']
 
@@ -96,34 +98,6 @@ class ModalExecutor:
             raise
         return handles
 
-    def _entry(self, handle:ReplicaHandle) -> dict[str, Any]:
-        key = handle.metadata.get("key") if isinstance(handle, ReplicaHandle) else None
-        if key not in self._calls: raise ValueError(f"{handle!r} was not launched by this ModalExecutor")
-        return self._calls[key]
-
-    def _refresh(self, e:dict[str, Any], wait:float=0) -> dict[str, Any]:
-        "Ask the call for its output without blocking (or for up to `wait` s) and record a final state."
-        if e["status"] in FINAL_STATUSES: return e
-        from modal.exception import FunctionTimeoutError, OutputExpiredError, TimeoutError as ModalTimeout
-        try: e["result"] = e["call"].get(timeout=wait); e["status"] = "succeeded"
-        except FunctionTimeoutError as x: e["status"], e["error"] = "failed", f"the call exceeded its timeout: {x}"
-        except OutputExpiredError as x: e["status"], e["error"] = "failed", f"the call's output expired before it was read: {x}"
-        except ModalTimeout: pass  # no output yet: still running
-        except BaseException as x:
-            if isinstance(x, KeyboardInterrupt): raise
-            e["status"], e["error"] = "failed", f"{type(x).__name__}: {x}"
-        return e
-
-    def poll(self, handle:ReplicaHandle) -> str:
-        "'running' until the call has an output, then 'succeeded', 'failed' or 'cancelled' (Modal does not tell queued from running here)."
-        return self._refresh(self._entry(handle))["status"]
-
-    def stream_logs(self, handle:ReplicaHandle, *, n_lines:int=200) -> str:
-        "The last `n_lines` lines the call wrote (`FunctionCall.logs.tail`)."
-        if n_lines <= 0: return ""
-        text = "".join(str(getattr(x, "message", x)) for x in self._entry(handle)["call"].logs.tail(entries=n_lines))
-        return "\n".join(text.splitlines()[-n_lines:])
-
     def cancel(self, handle:ReplicaHandle) -> None:
         "Cancel the call and stop its container, if it has not finished."
         e = self._entry(handle)
@@ -132,22 +106,57 @@ class ModalExecutor:
         except Exception: pass
         e["status"], e["error"] = "cancelled", "cancelled by the launcher"
 
-    def collect(self,
-                handles:list[ReplicaHandle], # from `launch_replicas`
-                *,
-                timeout:float|None=None, # seconds to wait for all of them; None waits until every call has finished
-               ) -> list[dict[str, Any]]:
-        "Wait for the calls (at most `timeout` s); one dict per handle: rank, status, exit_code, error, result, function_call_id."
-        es = [self._entry(h) for h in handles]
-        wait_for_replicas(lambda: [e for e in es if self._refresh(e)["status"] not in FINAL_STATUSES],
-                          lambda pending, s: self._refresh(pending[0], wait=s), timeout, self.poll_interval_s)  # block on one, briefly
-        out = []
-        for h, e in zip(handles, es):
-            d = {"rank": h.rank, "status": e["status"], "exit_code": 0 if e["status"] == "succeeded" else None, "error": e["error"],
-                 "result": e["result"], "function_call_id": h.metadata["function_call_id"]}
-            if e["status"] not in FINAL_STATUSES: d["error"] = f"still running when collect(timeout={timeout:g}) returned"
-            out.append(d)
-        return out
+# %% ../../../nbs/36_diloco.serverless.modal.ipynb #067d02ce
+@patch
+def _entry(self:ModalExecutor, handle:ReplicaHandle) -> dict[str, Any]:
+    key = handle.metadata.get("key") if isinstance(handle, ReplicaHandle) else None
+    if key not in self._calls: raise ValueError(f"{handle!r} was not launched by this ModalExecutor")
+    return self._calls[key]
+
+@patch
+def _refresh(self:ModalExecutor, e:dict[str, Any], wait:float=0) -> dict[str, Any]:
+    "Ask the call for its output without blocking (or for up to `wait` s) and record a final state."
+    if e["status"] in FINAL_STATUSES: return e
+    from modal.exception import FunctionTimeoutError, OutputExpiredError, TimeoutError as ModalTimeout
+    try: e["result"] = e["call"].get(timeout=wait); e["status"] = "succeeded"
+    except FunctionTimeoutError as x: e["status"], e["error"] = "failed", f"the call exceeded its timeout: {x}"
+    except OutputExpiredError as x: e["status"], e["error"] = "failed", f"the call's output expired before it was read: {x}"
+    except ModalTimeout: pass  # no output yet: still running
+    except BaseException as x:
+        if isinstance(x, KeyboardInterrupt): raise
+        e["status"], e["error"] = "failed", f"{type(x).__name__}: {x}"
+    return e
+
+@patch
+def poll(self:ModalExecutor, handle:ReplicaHandle) -> str:
+    "'running' until the call has an output, then 'succeeded', 'failed' or 'cancelled' (Modal does not tell queued from running here)."
+    return self._refresh(self._entry(handle))["status"]
+
+@patch
+def stream_logs(self:ModalExecutor, handle:ReplicaHandle, *, n_lines:int=200) -> str:
+    "The last `n_lines` lines the call wrote (`FunctionCall.logs.tail`)."
+    if n_lines <= 0: return ""
+    text = "".join(str(getattr(x, "message", x)) for x in self._entry(handle)["call"].logs.tail(entries=n_lines))
+    return "\n".join(text.splitlines()[-n_lines:])
+
+# %% ../../../nbs/36_diloco.serverless.modal.ipynb #b65ba4ac
+@patch
+def collect(self:ModalExecutor,
+            handles:list[ReplicaHandle], # from `launch_replicas`
+            *,
+            timeout:float|None=None, # seconds to wait for all of them; None waits until every call has finished
+           ) -> list[dict[str, Any]]:
+    "Wait for the calls (at most `timeout` s); one dict per handle: rank, status, exit_code, error, result, function_call_id."
+    es = [self._entry(h) for h in handles]
+    wait_for_replicas(lambda: [e for e in es if self._refresh(e)["status"] not in FINAL_STATUSES],
+                      lambda pending, s: self._refresh(pending[0], wait=s), timeout, self.poll_interval_s)  # block on one, briefly
+    out = []
+    for h, e in zip(handles, es):
+        d = {"rank": h.rank, "status": e["status"], "exit_code": 0 if e["status"] == "succeeded" else None, "error": e["error"],
+             "result": e["result"], "function_call_id": h.metadata["function_call_id"]}
+        if e["status"] not in FINAL_STATUSES: d["error"] = f"still running when collect(timeout={timeout:g}) returned"
+        out.append(d)
+    return out
 
 # %% ../../../nbs/36_diloco.serverless.modal.ipynb #0ac46063
 def _signature_drift(fake:Callable, real:Callable) -> list[str]:

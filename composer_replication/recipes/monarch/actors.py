@@ -23,6 +23,8 @@ from .core import (
 from .policy import ENGINES, GeneratorActor, TrainerActor
 _all_ = ["MONARCH_INSTALL", "require_monarch", "local_procs", "call", "spawn_actor", "rollout_examples", "ENGINES", "GeneratorActor", "TrainerActor"]
 
+from fastcore.basics import patch
+
 # %% auto #0
 __all__ = ['check_reward_funcs', 'score_completions', 'RewarderActor', 'TeacherPoolActor', 'local_actors', 'run_actor_loop',
            'MONARCH_INSTALL', 'require_monarch', 'local_procs', 'call', 'spawn_actor', 'rollout_examples', 'ENGINES',
@@ -148,10 +150,6 @@ class TeacherPoolActor(RecipeActor):
                     max_total_usd=check_range(max_total_usd, "max_total_usd", 0, math.inf, hi_closed=False),
                     journal_dir=None if journal_dir is None else Path(journal_dir), agreement_threshold=agreement_threshold, replay_options=opts)
 
-    def _spent_total(self) -> float:
-        "What every replay so far has spent."
-        return sum(self._spent.values())
-
     @endpoint
     async def spent(self) -> dict:
         "{'spent_usd': all replays so far, 'budget_left_usd': what the cap still allows}."
@@ -186,6 +184,12 @@ class TeacherPoolActor(RecipeActor):
                 "failed": sum(r["error"] is not None for r in res), "not_attempted": len(res.not_attempted),
                 "spent_usd": res.spent_usd, "pool_spent_usd": total, "budget_left_usd": max(self.max_total_usd - total, 0.0),
                 "stopped": res.stopped, "journal": None if journal is None else str(journal)}
+
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #2d9bbf5c
+@patch
+def _spent_total(self:TeacherPoolActor) -> float:
+    "What every replay so far has spent."
+    return sum(self._spent.values())
 
 # %% ../../../nbs/51_recipes.monarch.actors.ipynb #995de4c3
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from typing import Any
 
 from .models import adapters_trained, train_top_layers
 from .recipe import BUILTIN_MODELS, HINT_GENERATORS, Recipe, collator_config_kwargs, save_recipe
-from .recipe_checks import REPORT_TO_PACKAGES, RecipeError, check_trackers, did_you_mean, recipe_error
+from .recipe_checks import RecipeError, check_trackers, recipe_error
 
 # %% auto #0
 __all__ = ['TINY_BASE', 'CHANNELS', 'check_recipe', 'load_recipe_model', 'recipe_data', 'recipe_model', 'reference_collator',

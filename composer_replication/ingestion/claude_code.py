@@ -8,6 +8,7 @@ import itertools, json, os, sys, tempfile
 from pathlib import Path
 from typing import Iterator
 import orjson
+from fastcore.basics import patch
 from ..jsonl import JsonlAppender, loads_line
 from .core import canonical_arguments, TraceState, action_to_message, is_tool_name, normalize_blocks, parse_student_action, render_action, tool_schemas_from_names
 from .redact import redact_json, redact_secrets
@@ -63,81 +64,88 @@ class _Trace(Conversation):
         self.turn = None  # [message id, blocks, (timestamp, content) keys of its chunks]
         self.pending_results, self.pending_msgs = {}, []
 
-    def user(self, rec):
-        "A user line: tool results wait for their call; other content becomes a user message. 'dup' for a resume copy."
-        c = (rec.get("message") or {}).get("content")
-        ts = rec.get("timestamp")
-        if isinstance(ts, str) and (key := _user_key(ts, c)) is not None:
-            if key in self.seen_users: return "dup"
-            self.seen_users.add(key)
-        if isinstance(c, list):
-            texts = []
-            for b in c:
-                if isinstance(b, dict) and b.get("type") == "tool_result":
-                    tid = b.get("tool_use_id")
-                    if not isinstance(tid, str) or tid in self.pending_results or self.turn is None: self.st.n_orphan_tool_results += 1; continue
-                    m = {"role": "tool", "tool_call_id": tid, "content": self.redact(_content_text(b.get("content")))}
-                    if b.get("is_error") is True: m["is_error"] = True
-                    self.pending_results[tid] = m
-                else: texts.append(_block_text(b))
-            if not texts: return
-            c = "\n".join(texts)
-        elif not isinstance(c, str): c = _content_text(c)
-        m = {"role": "user", "content": self.redact(c)}
-        if self.turn is None: self.commit(m)
-        else: self.pending_msgs.append(m)
+# %% ../../nbs/10_ingestion.claude_code.ipynb #5c54d617
+@patch
+def user(self:_Trace, rec):
+    "A user line: tool results wait for their call; other content becomes a user message. 'dup' for a resume copy."
+    c = (rec.get("message") or {}).get("content")
+    ts = rec.get("timestamp")
+    if isinstance(ts, str) and (key := _user_key(ts, c)) is not None:
+        if key in self.seen_users: return "dup"
+        self.seen_users.add(key)
+    if isinstance(c, list):
+        texts = []
+        for b in c:
+            if isinstance(b, dict) and b.get("type") == "tool_result":
+                tid = b.get("tool_use_id")
+                if not isinstance(tid, str) or tid in self.pending_results or self.turn is None: self.st.n_orphan_tool_results += 1; continue
+                m = {"role": "tool", "tool_call_id": tid, "content": self.redact(_content_text(b.get("content")))}
+                if b.get("is_error") is True: m["is_error"] = True
+                self.pending_results[tid] = m
+            else: texts.append(_block_text(b))
+        if not texts: return
+        c = "\n".join(texts)
+    elif not isinstance(c, str): c = _content_text(c)
+    m = {"role": "user", "content": self.redact(c)}
+    if self.turn is None: self.commit(m)
+    else: self.pending_msgs.append(m)
 
-    def assistant(self, rec, msg):
-        "An assistant line: one more block of the open turn, or the first block of a new turn."
-        mid = next((x for x in (msg.get("id"), rec.get("requestId"), rec.get("uuid")) if isinstance(x, str) and x), None)
-        c = msg.get("content")
-        if isinstance(c, str): c = [{"type": "text", "text": c}]
-        blocks = [b for b in (c if isinstance(c, list) else ()) if isinstance(b, dict) and b.get("type") in ("text", "thinking", "tool_use")
-                  and not (b["type"] == "text" and isinstance(b.get("text"), str) and not b["text"].strip())]
-        if self.ing.redact_secrets: blocks = [self.ing._redact_block(b) for b in blocks]
-        ts = rec.get("timestamp")
-        key = _chunk_key(ts, c) if isinstance(ts, str) else None
-        if self.turn is not None and mid is not None and self.turn[0] == mid:
-            if key is not None:
-                if key in self.turn[2]: return "dup"  # the open turn's own chunk written again (a resume copy)
-                self.turn[2].add(key)
-            self.turn[1].extend(blocks); return None
-        if mid is not None and mid in self.closed: return "dup"
-        out = self.close()
-        self.turn = [mid, blocks, set() if key is None else {key}]
-        return out
+# %% ../../nbs/10_ingestion.claude_code.ipynb #c43c72ff
+@patch
+def assistant(self:_Trace, rec, msg):
+    "An assistant line: one more block of the open turn, or the first block of a new turn."
+    mid = next((x for x in (msg.get("id"), rec.get("requestId"), rec.get("uuid")) if isinstance(x, str) and x), None)
+    c = msg.get("content")
+    if isinstance(c, str): c = [{"type": "text", "text": c}]
+    blocks = [b for b in (c if isinstance(c, list) else ()) if isinstance(b, dict) and b.get("type") in ("text", "thinking", "tool_use")
+              and not (b["type"] == "text" and isinstance(b.get("text"), str) and not b["text"].strip())]
+    if self.ing.redact_secrets: blocks = [self.ing._redact_block(b) for b in blocks]
+    ts = rec.get("timestamp")
+    key = _chunk_key(ts, c) if isinstance(ts, str) else None
+    if self.turn is not None and mid is not None and self.turn[0] == mid:
+        if key is not None:
+            if key in self.turn[2]: return "dup"  # the open turn's own chunk written again (a resume copy)
+            self.turn[2].add(key)
+        self.turn[1].extend(blocks); return None
+    if mid is not None and mid in self.closed: return "dup"
+    out = self.close()
+    self.turn = [mid, blocks, set() if key is None else {key}]
+    return out
 
-    def close(self):
-        "Close the open turn: return its TraceState (or None) and commit it to the history."
-        if self.turn is None: return None
-        mid, blocks, _ = self.turn
-        self.turn = None; self.closed.add(mid)
-        results, msgs = self.pending_results, self.pending_msgs
-        self.pending_results, self.pending_msgs = {}, []
-        state = None
-        blocks = [b for b in blocks if _valid_block(b)]
-        for k, b in enumerate(blocks):  # a call needs an id to be answered; corrupt records may lack one
-            if b["type"] == "tool_use" and not isinstance(b.get("id"), str): blocks[k] = {**b, "id": f"toolu_missing_{self.idx}_{k}"}
-        if blocks and self.first_user is None and self.agent is not None:  # a subagent transcript without its prompt (2.0.x)
-            prompt = self.ing._task_prompt(*self.agent)
-            if prompt is not None:
-                self.commit({"role": "user", "content": self.redact(prompt)})
-                self.st.n_task_prompts_linked += 1
-        if blocks and self.first_user is None:  # no user turn to answer: not a state (the turn stays in the history)
-            self.st.skipped_no_user_turn += 1
-            self.commit_turn(blocks, results, count=False)
-        elif blocks:
-            state = self.state(blocks)
-            self.commit_turn(blocks, results)
-        self.st.n_orphan_tool_results += len(results)
-        for m in msgs: self.commit(m)
-        return state
+# %% ../../nbs/10_ingestion.claude_code.ipynb #112e3d7b
+@patch
+def close(self:_Trace):
+    "Close the open turn: return its TraceState (or None) and commit it to the history."
+    if self.turn is None: return None
+    mid, blocks, _ = self.turn
+    self.turn = None; self.closed.add(mid)
+    results, msgs = self.pending_results, self.pending_msgs
+    self.pending_results, self.pending_msgs = {}, []
+    state = None
+    blocks = [b for b in blocks if _valid_block(b)]
+    for k, b in enumerate(blocks):  # a call needs an id to be answered; corrupt records may lack one
+        if b["type"] == "tool_use" and not isinstance(b.get("id"), str): blocks[k] = {**b, "id": f"toolu_missing_{self.idx}_{k}"}
+    if blocks and self.first_user is None and self.agent is not None:  # a subagent transcript without its prompt (2.0.x)
+        prompt = self.ing._task_prompt(*self.agent)
+        if prompt is not None:
+            self.commit({"role": "user", "content": self.redact(prompt)})
+            self.st.n_task_prompts_linked += 1
+    if blocks and self.first_user is None:  # no user turn to answer: not a state (the turn stays in the history)
+        self.st.skipped_no_user_turn += 1
+        self.commit_turn(blocks, results, count=False)
+    elif blocks:
+        state = self.state(blocks)
+        self.commit_turn(blocks, results)
+    self.st.n_orphan_tool_results += len(results)
+    for m in msgs: self.commit(m)
+    return state
 
-    def compact(self):
-        "A compact_boundary: close the open turn, then start a fresh context (the summary line comes next)."
-        out = self.close()
-        self.reset(); self.st.n_compactions += 1
-        return out
+@patch
+def compact(self:_Trace):
+    "A compact_boundary: close the open turn, then start a fresh context (the summary line comes next)."
+    out = self.close()
+    self.reset(); self.st.n_compactions += 1
+    return out
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #8ca7a824
 def _valid_block(b):
@@ -176,131 +184,165 @@ class ClaudeCodeIngester(TraceSourceBase):
         self._prompts, self._scanned = {}, set()  # {(sessionId, agentId) and (None, agentId): Task prompt}; parents read for prompts
         return self._stream(p, self.last_stats)
 
-    def _stream(self, p, st):
-        if p.is_file():
-            sessions = set()
-            yield from self._file(p, st, sessions)
-            if not p.name.startswith("agent-"):
-                for f in _subagent_files(p, sessions): yield from self._file(f, st, set())  # counted only when skipped
-            return
-        files = [f for f in sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f)) if f.is_file()]  # sessions before subagents
-        stems = _folder_stems(p, files)
-        for f in files: yield from self._file(f, st, set(), stems[f])
+# %% ../../nbs/10_ingestion.claude_code.ipynb #39b1b429
+@patch
+def _stream(self:ClaudeCodeIngester, p, st):
+    if p.is_file():
+        sessions = set()
+        yield from self._file(p, st, sessions)
+        if not p.name.startswith("agent-"):
+            for f in _subagent_files(p, sessions): yield from self._file(f, st, set())  # counted only when skipped
+        return
+    files = [f for f in sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f)) if f.is_file()]  # sessions before subagents
+    stems = _folder_stems(p, files)
+    for f in files: yield from self._file(f, st, set(), stems[f])
 
-    def _task_prompt(self, sid, aid, fp=None):
-        "The prompt a parent session's Task call gave subagent `aid`; the parent file is read for it when not yet seen."
-        p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
-        if p is None and fp is not None:
-            par = fp.parent.parent.with_suffix(".jsonl") if fp.parent.name == "subagents" else fp.parent / f"{sid}.jsonl" if sid else None
-            if par is not None and par not in self._scanned and par.is_file():
-                self._scanned.add(par); _scan_task_prompts(par, self._prompts)
-                p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
-        return p
+# %% ../../nbs/10_ingestion.claude_code.ipynb #edf60fd5
+@patch
+def _task_prompt(self:ClaudeCodeIngester, sid, aid, fp=None):
+    "The prompt a parent session's Task call gave subagent `aid`; the parent file is read for it when not yet seen."
+    p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
+    if p is None and fp is not None:
+        par = fp.parent.parent.with_suffix(".jsonl") if fp.parent.name == "subagents" else fp.parent / f"{sid}.jsonl" if sid else None
+        if par is not None and par not in self._scanned and par.is_file():
+            self._scanned.add(par); _scan_task_prompts(par, self._prompts)
+            p = self._prompts.get((sid, aid)) or self._prompts.get((None, aid))
+    return p
 
-    def _redact_block(self, b):
-        t, c = b.get("type"), self.last_stats.redactions
-        if t == "text" and isinstance(b.get("text"), str): return {**b, "text": redact_secrets(b["text"], c)}
-        if t == "thinking" and isinstance(b.get("thinking"), str): return {**b, "thinking": redact_secrets(b["thinking"], c)}
-        if t == "tool_use": return {**b, "input": redact_json(b.get("input", {}), c)}
-        return b
+# %% ../../nbs/10_ingestion.claude_code.ipynb #e7cdf561
+@patch
+def _redact_block(self:ClaudeCodeIngester, b):
+    t, c = b.get("type"), self.last_stats.redactions
+    if t == "text" and isinstance(b.get("text"), str): return {**b, "text": redact_secrets(b["text"], c)}
+    if t == "thinking" and isinstance(b.get("thinking"), str): return {**b, "thinking": redact_secrets(b["thinking"], c)}
+    if t == "tool_use": return {**b, "input": redact_json(b.get("input", {}), c)}
+    return b
 
-    def _file(self, fp, st, sessions, stem=None):
-        "Stream the states of one JSONL file."
-        agent_file = fp.name.startswith("agent-")
-        if agent_file and self.skip_sidechain: st.skipped_subagent_files += 1; return
-        with open(fp, "rb") as f:
-            first = f.readline()
-            while first and first.isspace(): first = f.readline()
-            if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
-            fmt = record_format(loads_line(first)[0]) if first else None
-            if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
-            tools = self.tools if self.tools is not None else tool_schemas_from_names(_tool_names(fp, self.skip_sidechain))
-            yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f, stem or fp.stem, tools)
-        self._scanned.add(fp)
+# %% ../../nbs/10_ingestion.claude_code.ipynb #3a89afa7
+@patch
+def _file(self:ClaudeCodeIngester, fp, st, sessions, stem=None):
+    "Stream the states of one JSONL file."
+    agent_file = fp.name.startswith("agent-")
+    if agent_file and self.skip_sidechain: st.skipped_subagent_files += 1; return
+    with open(fp, "rb") as f:
+        first = f.readline()
+        while first and first.isspace(): first = f.readline()
+        if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
+        fmt = record_format(loads_line(first)[0]) if first else None
+        if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
+        tools = self.tools if self.tools is not None else tool_schemas_from_names(_tool_names(fp, self.skip_sidechain))
+        yield from self._records(fp, st, sessions, itertools.chain((first,), f) if first else f, stem or fp.stem, tools)
+    self._scanned.add(fp)
 
-    def _records(self, fp, st, sessions, lines, stem, tools):
-        "Stream the states of one JSONL file from its lines."
-        agent_file = fp.name.startswith("agent-")
-        st.n_files += 1
-        main = _Trace(self, st, stem, tools)
-        if agent_file: main.agent = [None, fp.stem[len("agent-"):], fp]
-        side, roots, uuids, summaries, seen_versions = {}, {}, set(), [], set()
-        calls, prompts = {}, self._prompts
-        last_side = None
-        def skip(kind=None, reason=None):
-            st.n_records_skipped += 1
-            if reason: setattr(st, reason, getattr(st, reason) + 1)
-            else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
-        for raw in lines:
-            if raw.isspace(): continue  # blank line (isspace stops at the first other byte: no copy)
-            st.n_records_total += 1
-            rec, why = loads_line(raw)
-            if why is not None: skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
-            if not isinstance(rec, dict): skip("<not an object>"); continue
-            typ, uid = rec.get("type"), rec.get("uuid")
-            if isinstance(uid, str): uuids.add(uid)
-            v = rec.get("version")
-            if v is not None and (not isinstance(v, str) or v not in seen_versions):
-                if isinstance(v, str): seen_versions.add(v)
-                self._check_version(v, fp, st)
-            sid = rec.get("sessionId")
-            if isinstance(sid, str):
-                sessions.add(sid)
-                if agent_file and main.agent[0] is None: main.agent[0] = sid
-            if typ == "assistant" or (calls and typ == "user"): _note_task(rec, typ, calls, prompts)
-            tr = main
-            if rec.get("isSidechain") is True and not agent_file:
-                if self.skip_sidechain: skip(reason="skipped_subagent"); continue
-                key = rec.get("agentId"); parent = rec.get("parentUuid")
-                if not isinstance(parent, str): parent = None
-                if not isinstance(key, str):
-                    key = roots.get(parent) if parent is not None else None
-                    if key is None: key = last_side if (parent is not None and last_side is not None) else (uid if isinstance(uid, str) else f"#{st.n_records_total}")
-                if isinstance(uid, str): roots[uid] = key
-                last_side = key
-                if key not in side:
-                    side[key] = _Trace(self, st, f"{stem}.sidechain{len(side) + 1}", tools)
-                    aid = rec.get("agentId")
-                    if isinstance(aid, str): side[key].agent = [sid if isinstance(sid, str) else None, aid, None]
-                tr = side[key]
-            if typ == "user":
-                if not isinstance(rec.get("message"), dict): skip("user/no-message"); continue
-                if tr.user(rec) == "dup": skip(reason="skipped_duplicate"); continue
-                st.n_records_used += 1
-            elif typ == "assistant":
-                msg = rec.get("message")
-                if not isinstance(msg, dict): skip("assistant/no-message"); continue
-                if msg.get("model") == "<synthetic>" or rec.get("isApiErrorMessage"): skip(reason="skipped_synthetic"); continue
-                out = tr.assistant(rec, msg)
-                if out == "dup": skip(reason="skipped_duplicate"); continue
-                st.n_records_used += 1
-                if out is not None: st.n_states_emitted += 1; yield out
-            elif typ == "system" and rec.get("subtype") == "compact_boundary":
-                st.n_records_used += 1
-                out = tr.compact()
-                if out is not None: st.n_states_emitted += 1; yield out
-            elif typ == "summary":
-                skip(reason="skipped_summary")
-                if isinstance(rec.get("leafUuid"), str): summaries.append((rec["leafUuid"], rec.get("summary")))
-            elif typ == "system": skip(f"system/{rec.get('subtype')}")
-            elif typ == "progress":
-                d = rec.get("data")
-                skip(f"progress/{d.get('type') if isinstance(d, dict) else None}")
-            else: skip(str(typ) if typ is not None else "<no type>")
-        for tr in (main, *side.values()):
-            out = tr.close()
-            if out is not None: st.n_states_emitted += 1; yield out
-        trusted = [s for leaf, s in summaries if leaf in uuids]
-        if self.redact_secrets: trusted = [redact_secrets(s, st.redactions) if isinstance(s, str) else s for s in trusted]
-        st.n_summaries_trusted += len(trusted)
-        if trusted: self.last_summaries[fp.stem] = trusted
+# %% ../../nbs/10_ingestion.claude_code.ipynb #0d8cbcc1
+@patch
+def _records(self:ClaudeCodeIngester, fp, st, sessions, lines, stem, tools):
+    "Stream the states of one JSONL file from its lines."
+    agent_file = fp.name.startswith("agent-")
+    st.n_files += 1
+    main = _Trace(self, st, stem, tools)
+    if agent_file: main.agent = [None, fp.stem[len("agent-"):], fp]
+    side, roots, uuids, summaries, seen_versions = {}, {}, set(), [], set()
+    calls, prompts = {}, self._prompts
+    last_side = None
+    def skip(kind=None, reason=None):
+        st.n_records_skipped += 1
+        if reason: setattr(st, reason, getattr(st, reason) + 1)
+        else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
+    for raw in lines:
+        if raw.isspace(): continue  # blank line (isspace stops at the first other byte: no copy)
+        st.n_records_total += 1
+        rec, why = loads_line(raw)
+        if why is not None: skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
+        if not isinstance(rec, dict): skip("<not an object>"); continue
+        typ, uid = rec.get("type"), rec.get("uuid")
+        if isinstance(uid, str): uuids.add(uid)
+        v = rec.get("version")
+        if v is not None and (not isinstance(v, str) or v not in seen_versions):
+            if isinstance(v, str): seen_versions.add(v)
+            self._check_version(v, fp, st)
+        sid = rec.get("sessionId")
+        if isinstance(sid, str):
+            sessions.add(sid)
+            if agent_file and main.agent[0] is None: main.agent[0] = sid
+        if typ == "assistant" or (calls and typ == "user"): _note_task(rec, typ, calls, prompts)
+        tr = main
+        if rec.get("isSidechain") is True and not agent_file:
+            if self.skip_sidechain: skip(reason="skipped_subagent"); continue
+            last_side = key = _sidechain_key(rec, uid, roots, last_side, st.n_records_total)
+            if key not in side: side[key] = self._side_trace(rec, sid, st, f"{stem}.sidechain{len(side) + 1}", tools)
+            tr = side[key]
+        out = _apply_record(tr, rec, typ, st, skip, summaries)
+        if out is not None: st.n_states_emitted += 1; yield out
+    yield from self._finish_file(fp, st, (main, *side.values()), summaries, uuids)
 
-    def _check_version(self, v, fp, st):
-        t = _version_tuple(v) if isinstance(v, str) else None
-        if t is None: msg = f"{fp.name}: unreadable Claude Code version {v!r}"
-        elif _MIN_VERSION <= t <= _MAX_VERSION: return
-        else: msg = f"{fp.name}: Claude Code version {v} is outside the versions checked (1.0.98-2.1.39); the format may differ"
-        if msg not in st.version_warnings: st.version_warnings.append(msg)
+# %% ../../nbs/10_ingestion.claude_code.ipynb #699a72b6
+def _sidechain_key(rec, uid, roots, last_side, n):
+    "The key of the inline sidechain trace that record `rec` (uuid `uid`, record number `n`) belongs to; its uuid is noted in `roots`."
+    key = rec.get("agentId"); parent = rec.get("parentUuid")
+    if not isinstance(parent, str): parent = None
+    if not isinstance(key, str):
+        key = roots.get(parent) if parent is not None else None
+        if key is None: key = last_side if (parent is not None and last_side is not None) else (uid if isinstance(uid, str) else f"#{n}")
+    if isinstance(uid, str): roots[uid] = key
+    return key
+
+@patch
+def _side_trace(self:ClaudeCodeIngester, rec, sid, st, stem, tools):
+    "A new inline sidechain trace, linked to its subagent's Task prompt when the record names an `agentId`."
+    tr = _Trace(self, st, stem, tools)
+    aid = rec.get("agentId")
+    if isinstance(aid, str): tr.agent = [sid if isinstance(sid, str) else None, aid, None]
+    return tr
+
+# %% ../../nbs/10_ingestion.claude_code.ipynb #0ef8cd8d
+def _apply_record(tr, rec, typ, st, skip, summaries):
+    "Apply one record to its trace `tr`: the state it closes, or None (a skipped record is counted with `skip`)."
+    if typ == "user":
+        if not isinstance(rec.get("message"), dict): skip("user/no-message"); return None
+        if tr.user(rec) == "dup": skip(reason="skipped_duplicate"); return None
+        st.n_records_used += 1
+    elif typ == "assistant":
+        msg = rec.get("message")
+        if not isinstance(msg, dict): skip("assistant/no-message"); return None
+        if msg.get("model") == "<synthetic>" or rec.get("isApiErrorMessage"): skip(reason="skipped_synthetic"); return None
+        out = tr.assistant(rec, msg)
+        if out == "dup": skip(reason="skipped_duplicate"); return None
+        st.n_records_used += 1
+        return out
+    elif typ == "system" and rec.get("subtype") == "compact_boundary":
+        st.n_records_used += 1
+        return tr.compact()
+    elif typ == "summary":
+        skip(reason="skipped_summary")
+        if isinstance(rec.get("leafUuid"), str): summaries.append((rec["leafUuid"], rec.get("summary")))
+    elif typ == "system": skip(f"system/{rec.get('subtype')}")
+    elif typ == "progress":
+        d = rec.get("data")
+        skip(f"progress/{d.get('type') if isinstance(d, dict) else None}")
+    else: skip(str(typ) if typ is not None else "<no type>")
+    return None
+
+# %% ../../nbs/10_ingestion.claude_code.ipynb #5a8622e5
+@patch
+def _finish_file(self:ClaudeCodeIngester, fp, st, traces, summaries, uuids):
+    "Close the traces of a file, yielding their last states, then keep the file's trusted summaries."
+    for tr in traces:
+        out = tr.close()
+        if out is not None: st.n_states_emitted += 1; yield out
+    trusted = [s for leaf, s in summaries if leaf in uuids]
+    if self.redact_secrets: trusted = [redact_secrets(s, st.redactions) if isinstance(s, str) else s for s in trusted]
+    st.n_summaries_trusted += len(trusted)
+    if trusted: self.last_summaries[fp.stem] = trusted
+
+# %% ../../nbs/10_ingestion.claude_code.ipynb #b5ac4f9b
+@patch
+def _check_version(self:ClaudeCodeIngester, v, fp, st):
+    t = _version_tuple(v) if isinstance(v, str) else None
+    if t is None: msg = f"{fp.name}: unreadable Claude Code version {v!r}"
+    elif _MIN_VERSION <= t <= _MAX_VERSION: return
+    else: msg = f"{fp.name}: Claude Code version {v} is outside the versions checked (1.0.98-2.1.39); the format may differ"
+    if msg not in st.version_warnings: st.version_warnings.append(msg)
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #aef6dbb4
 def _folder_stems(root, files):

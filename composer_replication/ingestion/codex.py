@@ -8,6 +8,7 @@ import json, re
 from pathlib import Path
 from typing import Iterator
 import orjson
+from fastcore.basics import patch
 from ..jsonl import loads_line
 from .core import canonical_arguments, TraceState, check_tools, is_tool_name, normalize_blocks, render_action, tool_schemas_from_names
 from .redact import redact_json, redact_secrets
@@ -99,72 +100,85 @@ class _Rollout(Conversation):
 
     def commit(self, m, prompt=False): super().commit(m, prompt)   # only a real prompt is the task (not injected context)
 
-    def respond(self, blocks):
-        "Blocks of a model response: join the open response, or close it (if answered) and open a new one."
-        if not blocks: return None
-        out = self.close() if self.answered else None
-        if self.turn is None: self.turn, self.answered = [], False
-        self.turn.extend(blocks)
-        return out
+# %% ../../nbs/11_ingestion.codex.ipynb #fadf3796
+@patch
+def respond(self:_Rollout, blocks):
+    "Blocks of a model response: join the open response, or close it (if answered) and open a new one."
+    if not blocks: return None
+    out = self.close() if self.answered else None
+    if self.turn is None: self.turn, self.answered = [], False
+    self.turn.extend(blocks)
+    return out
 
-    def message(self, m, prompt=False):
-        "An input message (user prompt, injected context, developer message)."
-        if self.turn is None: self.commit(m, prompt); return
-        self.msgs.append((m, prompt)); self.answered = True
+@patch
+def message(self:_Rollout, m, prompt=False):
+    "An input message (user prompt, injected context, developer message)."
+    if self.turn is None: self.commit(m, prompt); return
+    self.msgs.append((m, prompt)); self.answered = True
 
-    def prompt(self, text, side):
-        "A user prompt from a response_item ('item') or an event_msg/user_message ('event'): False when it is the other side's copy."
-        key = text.strip(); other = self.unmatched["event" if side == "item" else "item"]
-        if other.get(key): other[key] -= 1; return False  # the same prompt, already taken from the other record
-        mine = self.unmatched[side]; mine[key] = mine.get(key, 0) + 1
-        return True
+# %% ../../nbs/11_ingestion.codex.ipynb #667779c2
+@patch
+def prompt(self:_Rollout, text, side):
+    "A user prompt from a response_item ('item') or an event_msg/user_message ('event'): False when it is the other side's copy."
+    key = text.strip(); other = self.unmatched["event" if side == "item" else "item"]
+    if other.get(key): other[key] -= 1; return False  # the same prompt, already taken from the other record
+    mine = self.unmatched[side]; mine[key] = mine.get(key, 0) + 1
+    return True
 
-    def output(self, call_id, output):
-        "A tool output: kept for its call in the open response; otherwise an orphan."
-        ids = {b["id"] for b in self.turn if b["type"] == "tool_use"} if self.turn else ()
-        if not isinstance(call_id, str) or call_id not in ids or call_id in self.results:
-            self.st.n_orphan_tool_results += 1; return
-        self.results[call_id] = output; self.answered = True
+# %% ../../nbs/11_ingestion.codex.ipynb #be5d3f63
+@patch
+def output(self:_Rollout, call_id, output):
+    "A tool output: kept for its call in the open response; otherwise an orphan."
+    ids = {b["id"] for b in self.turn if b["type"] == "tool_use"} if self.turn else ()
+    if not isinstance(call_id, str) or call_id not in ids or call_id in self.results:
+        self.st.n_orphan_tool_results += 1; return
+    self.results[call_id] = output; self.answered = True
 
-    def end(self):
-        "task_complete / turn_aborted: the open response is over (its unanswered calls stay unanswered)."
-        if self.turn is not None: self.answered = True
+@patch
+def end(self:_Rollout):
+    "task_complete / turn_aborted: the open response is over (its unanswered calls stay unanswered)."
+    if self.turn is not None: self.answered = True
 
-    def close(self):
-        "Close the open response: return its TraceState (or None) and commit it, its tool results and pending inputs."
-        if self.turn is None: return None
-        blocks, raw, msgs, st = self.turn, self.results, self.msgs, self.st
-        self.turn, self.answered, self.results, self.msgs = None, False, {}, []
-        state = None
-        if self.first_user is None: st.skipped_no_user_turn += 1  # nothing the user asked: kept as history only
-        else: state = self.state(blocks)
-        results = {b["id"]: self._tool_message(b, raw.pop(b["id"], None)) for b in blocks if b["type"] == "tool_use" and (b["id"] in raw or b["kind"] == "web_search")}
-        self.commit_turn(blocks, results, count=state is not None)
-        st.n_orphan_tool_results += len(raw)
-        for m, prompt in msgs: self.commit(m, prompt)
-        return state
+# %% ../../nbs/11_ingestion.codex.ipynb #5ca9f1e3
+@patch
+def close(self:_Rollout):
+    "Close the open response: return its TraceState (or None) and commit it, its tool results and pending inputs."
+    if self.turn is None: return None
+    blocks, raw, msgs, st = self.turn, self.results, self.msgs, self.st
+    self.turn, self.answered, self.results, self.msgs = None, False, {}, []
+    state = None
+    if self.first_user is None: st.skipped_no_user_turn += 1  # nothing the user asked: kept as history only
+    else: state = self.state(blocks)
+    results = {b["id"]: self._tool_message(b, raw.pop(b["id"], None)) for b in blocks if b["type"] == "tool_use" and (b["id"] in raw or b["kind"] == "web_search")}
+    self.commit_turn(blocks, results, count=state is not None)
+    st.n_orphan_tool_results += len(raw)
+    for m, prompt in msgs: self.commit(m, prompt)
+    return state
 
-    def _tool_message(self, b, raw):
-        "The tool message of call `b` from its raw output (a web search has none: its results stay on the server)."
-        if b["kind"] == "web_search": return {"role": "tool", "tool_call_id": b["id"], "content": _WEB_SEARCH_RESULT}
-        text, code, failed = parse_tool_output(raw)
-        if code is None and not failed and b["id"] in self.exit_codes: failed = self.exit_codes[b["id"]] != 0
-        m = {"role": "tool", "tool_call_id": b["id"], "content": self.redact(text)}
-        if failed: m["is_error"] = True
-        return m
+@patch
+def _tool_message(self:_Rollout, b, raw):
+    "The tool message of call `b` from its raw output (a web search has none: its results stay on the server)."
+    if b["kind"] == "web_search": return {"role": "tool", "tool_call_id": b["id"], "content": _WEB_SEARCH_RESULT}
+    text, code, failed = parse_tool_output(raw)
+    if code is None and not failed and b["id"] in self.exit_codes: failed = self.exit_codes[b["id"]] != 0
+    m = {"role": "tool", "tool_call_id": b["id"], "content": self.redact(text)}
+    if failed: m["is_error"] = True
+    return m
 
-    def compact(self, payload):
-        "A `compacted` line: close the open response, then restart from replacement_history (or the summary)."
-        out = self.close()
-        self.reset(); self.st.n_compactions += 1
-        rep, msg = payload.get("replacement_history"), payload.get("message")
-        if isinstance(rep, list):
-            for item in rep:
-                m = _history_message(self.ing, item) if isinstance(item, dict) and item.get("type") == "message" else None
-                if m is not None: self.commit(m[0], m[1])
-        elif isinstance(msg, str) and msg.strip():
-            self.commit({"role": "user", "content": self.redact(msg)}, True)
-        return out
+# %% ../../nbs/11_ingestion.codex.ipynb #70d0b753
+@patch
+def compact(self:_Rollout, payload):
+    "A `compacted` line: close the open response, then restart from replacement_history (or the summary)."
+    out = self.close()
+    self.reset(); self.st.n_compactions += 1
+    rep, msg = payload.get("replacement_history"), payload.get("message")
+    if isinstance(rep, list):
+        for item in rep:
+            m = _history_message(self.ing, item) if isinstance(item, dict) and item.get("type") == "message" else None
+            if m is not None: self.commit(m[0], m[1])
+    elif isinstance(msg, str) and msg.strip():
+        self.commit({"role": "user", "content": self.redact(msg)}, True)
+    return out
 
 # %% ../../nbs/11_ingestion.codex.ipynb #f9ea129a
 def _history_message(ing, p):
@@ -175,7 +189,7 @@ def _history_message(ing, p):
     if role == "user": return {"role": "user", "content": text}, not is_injected_context(text)
     return {"role": "system" if role != "assistant" else "assistant", "content": text}, False
 
-# %% ../../nbs/11_ingestion.codex.ipynb #2c484baa
+# %% ../../nbs/11_ingestion.codex.ipynb #93bf93e8
 class CodexIngester(TraceSourceBase):
     "Convert Codex CLI rollout JSONL to a stream of TraceStates, one per model response."
     def __init__(self, *,
@@ -200,130 +214,149 @@ class CodexIngester(TraceSourceBase):
         self.last_stats = IngestionStats()
         return self._stream(p, self.last_stats)
 
-    def _stream(self, p, st):
-        if p.is_file(): yield from self._file(p, st, p.stem); return
-        files = sorted(f for f in p.rglob("rollout-*.jsonl") if f.is_file())
-        n = {}
-        for f in files: n[f.stem] = n.get(f.stem, 0) + 1
-        for f in files: yield from self._file(f, st, f.stem if n[f.stem] == 1 else f.relative_to(p).with_suffix("").as_posix())
+# %% ../../nbs/11_ingestion.codex.ipynb #20572351
+@patch
+def _stream(self:CodexIngester, p, st):
+    if p.is_file(): yield from self._file(p, st, p.stem); return
+    files = sorted(f for f in p.rglob("rollout-*.jsonl") if f.is_file())
+    n = {}
+    for f in files: n[f.stem] = n.get(f.stem, 0) + 1
+    for f in files: yield from self._file(f, st, f.stem if n[f.stem] == 1 else f.relative_to(p).with_suffix("").as_posix())
 
+# %% ../../nbs/11_ingestion.codex.ipynb #4d19c1f0
+@patch
+def _file(self:CodexIngester, fp, st, stem):
+    "Stream the states of one rollout file."
+    st.n_files += 1
+    tr = _Rollout(self, st, stem, self.tools if self.tools is not None else _rollout_tools(fp))
+    def skip(kind=None, reason=None):
+        st.n_records_skipped += 1
+        if reason: setattr(st, reason, getattr(st, reason) + 1)
+        else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
+    first = True
+    with open(fp, "rb") as f:
+        for raw in f:
+            if raw.isspace(): continue
+            if first and raw.startswith(_BOM): raw = raw[len(_BOM):]
+            st.n_records_total += 1
+            rec, why = loads_line(raw)
+            if why is not None:
+                skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
+            if not isinstance(rec, dict): skip("<not an object>"); continue
+            was_first, first = first, False
+            out = self._record(tr, rec, was_first, fp, st, skip)
+            if out is not None: st.n_states_emitted += 1; yield out
+    out = tr.close()
+    if out is not None: st.n_states_emitted += 1; yield out
 
-    def _file(self, fp, st, stem):
-        "Stream the states of one rollout file."
-        st.n_files += 1
-        tr = _Rollout(self, st, stem, self.tools if self.tools is not None else _rollout_tools(fp))
-        def skip(kind=None, reason=None):
-            st.n_records_skipped += 1
-            if reason: setattr(st, reason, getattr(st, reason) + 1)
-            else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
-        first = True
-        with open(fp, "rb") as f:
-            for raw in f:
-                if raw.isspace(): continue
-                if first and raw.startswith(_BOM): raw = raw[len(_BOM):]
-                st.n_records_total += 1
-                rec, why = loads_line(raw)
-                if why is not None:
-                    skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
-                if not isinstance(rec, dict): skip("<not an object>"); continue
-                was_first, first = first, False
-                typ = rec.get("type")
-                if typ is not None and not isinstance(typ, str): skip("<bad type>"); continue
-                if typ in _ENVELOPE:
-                    p = rec.get("payload")
-                    if not isinstance(p, dict): skip(f"{typ}/no-payload"); continue
-                    if typ == "response_item": out = self._item(tr, p, skip)
-                    elif typ == "event_msg":
-                        out = None; et = p.get("type")
-                        if not isinstance(et, str): skip("event_msg/<bad type>"); continue
-                        if et in _COPIES: skip(reason="skipped_duplicate"); continue
-                        if et == "user_message":  # the prompt; newer rollouts write it only here, older ones also as a response_item
-                            text = p.get("message")
-                            if not isinstance(text, str) or not text.strip(): skip("event_msg/user_message/empty"); continue
-                            if is_injected_context(text) or not tr.prompt(text, "event"): skip(reason="skipped_duplicate"); continue
-                            st.n_records_used += 1; tr.message({"role": "user", "content": self._redact(text) if self.redact_secrets else text}, True)
-                            continue
-                        if et in _TURN_END: tr.end()
-                        elif et in ("exec_command_end", "patch_apply_end") and isinstance(p.get("call_id"), str):
-                            c = p.get("exit_code") if et == "exec_command_end" else (0 if p.get("success") is not False else 1)
-                            if not isinstance(c, int) or isinstance(c, bool): skip(f"event_msg/{et}"); continue
-                            tr.exit_codes[p["call_id"]] = c
-                        else: skip(f"event_msg/{et}"); continue
-                        st.n_records_used += 1
-                    elif typ == "compacted": st.n_records_used += 1; out = tr.compact(p)
-                    else:
-                        if typ == "session_meta": self._check_version(p.get("cli_version"), fp, st)
-                        skip(typ); continue
-                elif typ in _ITEM_TYPES and "payload" not in rec: out = self._item(tr, rec, skip)  # generation A: a bare item
-                elif typ is None:
-                    if isinstance(rec.get("record_type"), str): skip(f"record_type/{rec['record_type']}")
-                    elif was_first and "id" in rec and "timestamp" in rec: skip("session_meta")  # generation A header
-                    else: skip("<no type>")
-                    continue
-                else: skip(str(typ)); continue
-                if out is not None: st.n_states_emitted += 1; yield out
-        out = tr.close()
-        if out is not None: st.n_states_emitted += 1; yield out
+# %% ../../nbs/11_ingestion.codex.ipynb #20187b31
+@patch
+def _record(self:CodexIngester, tr, rec, was_first, fp, st, skip):
+    "One line's JSON object (`was_first`: the file's first): the state it closes, or None (a skipped line is counted with `skip`)."
+    typ = rec.get("type")
+    if typ is not None and not isinstance(typ, str): skip("<bad type>"); return None
+    if typ in _ENVELOPE:
+        p = rec.get("payload")
+        if not isinstance(p, dict): skip(f"{typ}/no-payload"); return None
+        if typ == "response_item": return self._item(tr, p, skip)
+        if typ == "event_msg": self._event(tr, p, st, skip); return None
+        if typ == "compacted": st.n_records_used += 1; return tr.compact(p)
+        if typ == "session_meta": self._check_version(p.get("cli_version"), fp, st)
+        skip(typ); return None
+    if typ in _ITEM_TYPES and "payload" not in rec: return self._item(tr, rec, skip)  # generation A: a bare item
+    if typ is None:
+        if isinstance(rec.get("record_type"), str): skip(f"record_type/{rec['record_type']}")
+        elif was_first and "id" in rec and "timestamp" in rec: skip("session_meta")  # generation A header
+        else: skip("<no type>")
+        return None
+    skip(str(typ)); return None
 
-    def _item(self, tr, p, skip):
-        "One ResponseItem: a block of the open response, an input, or a skipped item. Returns a closed state or None."
-        t, st, red = p.get("type"), self.last_stats, self.redact_secrets
-        if not isinstance(t, str): skip("response_item/<bad type>"); return None
-        if t == "message":
-            if p.get("role") == "assistant":
-                text = _parts_text(p.get("content"))
-                if red: text = self._redact(text)
-                st.n_records_used += 1
-                return tr.respond([{"type": "text", "text": text}] if text.strip() else [])
-            m = _history_message(self, p)
-            if m is None: skip(f"response_item/message/{p.get('role')}"); return None
-            if m[1] and not tr.prompt(_parts_text(p.get("content")), "item"): skip(reason="skipped_duplicate"); return None  # its event_msg copy came first
-            st.n_records_used += 1; tr.message(*m); return None
-        if t == "reasoning":
-            c = p.get("content")
-            parts = [x for x in c if isinstance(x, dict) and isinstance(x.get("text"), str)] if isinstance(c, list) else []
-            if not parts and isinstance(p.get("summary"), list): parts = [x for x in p["summary"] if isinstance(x, dict) and isinstance(x.get("text"), str)]
-            text = "\n\n".join(x["text"] for x in parts)
+# %% ../../nbs/11_ingestion.codex.ipynb #8808841b
+@patch
+def _event(self:CodexIngester, tr, p, st, skip):
+    "One event_msg payload: a prompt, the end of a response, or a call's exit code; copies of response items and other events are skipped."
+    et = p.get("type")
+    if not isinstance(et, str): skip("event_msg/<bad type>"); return
+    if et in _COPIES: skip(reason="skipped_duplicate"); return
+    if et == "user_message":  # the prompt; newer rollouts write it only here, older ones also as a response_item
+        text = p.get("message")
+        if not isinstance(text, str) or not text.strip(): skip("event_msg/user_message/empty"); return
+        if is_injected_context(text) or not tr.prompt(text, "event"): skip(reason="skipped_duplicate"); return
+        st.n_records_used += 1; tr.message({"role": "user", "content": self._redact(text) if self.redact_secrets else text}, True)
+        return
+    if et in _TURN_END: tr.end()
+    elif et in ("exec_command_end", "patch_apply_end") and isinstance(p.get("call_id"), str):
+        c = p.get("exit_code") if et == "exec_command_end" else (0 if p.get("success") is not False else 1)
+        if not isinstance(c, int) or isinstance(c, bool): skip(f"event_msg/{et}"); return
+        tr.exit_codes[p["call_id"]] = c
+    else: skip(f"event_msg/{et}"); return
+    st.n_records_used += 1
+
+# %% ../../nbs/11_ingestion.codex.ipynb #131a5bcf
+@patch
+def _item(self:CodexIngester, tr, p, skip):
+    "One ResponseItem: a block of the open response, an input, or a skipped item. Returns a closed state or None."
+    t, st, red = p.get("type"), self.last_stats, self.redact_secrets
+    if not isinstance(t, str): skip("response_item/<bad type>"); return None
+    if t == "message":
+        if p.get("role") == "assistant":
+            text = _parts_text(p.get("content"))
             if red: text = self._redact(text)
             st.n_records_used += 1
-            return tr.respond([{"type": "thinking", "thinking": text}] if text.strip() else [])
-        if t in ("function_call", "custom_tool_call", "local_shell_call", "web_search_call"):
-            b = self._call(tr, p, t)
-            if b is None: skip(f"response_item/{t}/bad"); return None
-            if red: b["input"] = redact_json(b["input"], st.redactions)
-            st.n_records_used += 1
-            return tr.respond([b])
-        if t in ("function_call_output", "custom_tool_call_output"):
-            st.n_records_used += 1; tr.output(p.get("call_id"), p.get("output")); return None
-        skip(f"response_item/{t}"); return None
+            return tr.respond([{"type": "text", "text": text}] if text.strip() else [])
+        m = _history_message(self, p)
+        if m is None: skip(f"response_item/message/{p.get('role')}"); return None
+        if m[1] and not tr.prompt(_parts_text(p.get("content")), "item"): skip(reason="skipped_duplicate"); return None  # its event_msg copy came first
+        st.n_records_used += 1; tr.message(*m); return None
+    if t == "reasoning":
+        c = p.get("content")
+        parts = [x for x in c if isinstance(x, dict) and isinstance(x.get("text"), str)] if isinstance(c, list) else []
+        if not parts and isinstance(p.get("summary"), list): parts = [x for x in p["summary"] if isinstance(x, dict) and isinstance(x.get("text"), str)]
+        text = "\n\n".join(x["text"] for x in parts)
+        if red: text = self._redact(text)
+        st.n_records_used += 1
+        return tr.respond([{"type": "thinking", "thinking": text}] if text.strip() else [])
+    if t in ("function_call", "custom_tool_call", "local_shell_call", "web_search_call"):
+        b = self._call(tr, p, t)
+        if b is None: skip(f"response_item/{t}/bad"); return None
+        if red: b["input"] = redact_json(b["input"], st.redactions)
+        st.n_records_used += 1
+        return tr.respond([b])
+    if t in ("function_call_output", "custom_tool_call_output"):
+        st.n_records_used += 1; tr.output(p.get("call_id"), p.get("output")); return None
+    skip(f"response_item/{t}"); return None
 
-    def _call(self, tr, p, t):
-        "The tool_use block of a call item (None when it has no usable name)."
-        if t == "web_search_call": name, inp, kind = "web_search", p.get("action"), "web_search"
-        elif t == "local_shell_call": name, inp, kind = "local_shell", p.get("action"), "local_shell"
+# %% ../../nbs/11_ingestion.codex.ipynb #d460593b
+@patch
+def _call(self:CodexIngester, tr, p, t):
+    "The tool_use block of a call item (None when it has no usable name)."
+    if t == "web_search_call": name, inp, kind = "web_search", p.get("action"), "web_search"
+    elif t == "local_shell_call": name, inp, kind = "local_shell", p.get("action"), "local_shell"
+    else:
+        name, kind = p.get("name"), "function" if t == "function_call" else "custom"
+        if not isinstance(name, str) or not _NAME.fullmatch(name): return None  # a name the action format can carry
+        if kind == "custom": inp = {"input": p.get("input")}
         else:
-            name, kind = p.get("name"), "function" if t == "function_call" else "custom"
-            if not isinstance(name, str) or not _NAME.fullmatch(name): return None  # a name the action format can carry
-            if kind == "custom": inp = {"input": p.get("input")}
-            else:
-                a = p.get("arguments")
-                try: inp = json.loads(a) if isinstance(a, str) else a
-                except ValueError: inp = None
-                if a is None: inp = {}
-                elif not isinstance(inp, dict): inp = {"arguments": a}
-        if not isinstance(inp, dict): inp = {}
-        cid = p.get("call_id") if isinstance(p.get("call_id"), str) and p.get("call_id") else p.get("id")
-        used = {b["id"] for b in tr.turn if b["type"] == "tool_use"} if tr.turn and not tr.answered else set()
-        if not isinstance(cid, str) or not cid or cid in used: tr.n_synth += 1; cid = f"call_missing_{tr.n_synth}"
-        return {"type": "tool_use", "id": cid, "name": name, "input": inp, "kind": kind}
+            a = p.get("arguments")
+            try: inp = json.loads(a) if isinstance(a, str) else a
+            except ValueError: inp = None
+            if a is None: inp = {}
+            elif not isinstance(inp, dict): inp = {"arguments": a}
+    if not isinstance(inp, dict): inp = {}
+    cid = p.get("call_id") if isinstance(p.get("call_id"), str) and p.get("call_id") else p.get("id")
+    used = {b["id"] for b in tr.turn if b["type"] == "tool_use"} if tr.turn and not tr.answered else set()
+    if not isinstance(cid, str) or not cid or cid in used: tr.n_synth += 1; cid = f"call_missing_{tr.n_synth}"
+    return {"type": "tool_use", "id": cid, "name": name, "input": inp, "kind": kind}
 
-    def _check_version(self, v, fp, st):
-        if v is None: return
-        t = _version_tuple(v)
-        if t is None: msg = f"{fp.name}: unreadable Codex CLI version {v!r}"
-        elif _MIN_VERSION <= t <= _MAX_VERSION: return
-        else: msg = f"{fp.name}: Codex CLI version {v} is outside the versions checked (0.40.0-0.128.x); the format may differ"
-        if msg not in st.version_warnings: st.version_warnings.append(msg)
+# %% ../../nbs/11_ingestion.codex.ipynb #d61c76c7
+@patch
+def _check_version(self:CodexIngester, v, fp, st):
+    if v is None: return
+    t = _version_tuple(v)
+    if t is None: msg = f"{fp.name}: unreadable Codex CLI version {v!r}"
+    elif _MIN_VERSION <= t <= _MAX_VERSION: return
+    else: msg = f"{fp.name}: Codex CLI version {v} is outside the versions checked (0.40.0-0.128.x); the format may differ"
+    if msg not in st.version_warnings: st.version_warnings.append(msg)
 
 # %% ../../nbs/11_ingestion.codex.ipynb #a1a8f157
 _CALL_ITEMS = (b'"function_call"', b'"custom_tool_call"', b'"local_shell_call"', b'"web_search_call"', b'"dynamic_tools"')

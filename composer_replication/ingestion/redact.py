@@ -186,7 +186,7 @@ def _passphrase(s, m): return not _placeholder(m.group("v") or m.group("w"))
 
 # %% ../../nbs/08b_ingestion.redact.ipynb #red35v3
 _VS = r"[^\s'\"\\]"  # a value character: not a space, a quote or a backslash (a JSON escape ends a value, so JSON stays valid)
-_RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(match text) -> kind, lower-case triggers, regex, value group, check(text, match) or None)
+_TOKEN_RULES = [  # (kind or fn(match text) -> kind, lower-case triggers, regex, value group, check(text, match) or None)
     ("private_key", ("private key",), r"-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----(?:[^\"\\]|\\[\s\S])*?(?:-----END[A-Z0-9 ]{0,40} PRIVATE KEY(?: BLOCK)?-----|(?=\"|\\?\Z))", None, None),
     ("private_key", ("\n", "\\n"), r"(?:(?<=\\n)|(?<![A-Za-z0-9+/=\\]))(?P<v>(?:" + _B64 + r"{16,76}={0,2}" + _NL + r")+(?:" + _B64 + r"{1,76}={0,2}(?=[\s\"'\\]|$))?)"
      r"(?P<end>-----END[A-Z0-9 ]{0,40} (?:PRIVATE KEY(?: BLOCK)?|CERTIFICATE|PUBLIC KEY)-----)?", None, _pem_body),
@@ -210,6 +210,10 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
      lambda s, m: not _placeholder(m.group("v"))),  # the password ends at the last @ before the host: it may hold an @
     ("webhook_url", ("/webhooks/", "webhook"), r"(?:discord(?:app)?\.com/api/webhooks/\d+/(?P<v>[\w\-]{40,})|webhook\.office\.com/webhookb2/[^\s/'\"\\]+/IncomingWebhook/(?P<w>[0-9a-f]{32}))",
      ("v", "w"), None),
+]
+
+# %% ../../nbs/08b_ingestion.redact.ipynb #0b0784a7
+_COMMAND_RULES = [
     ("private_key", ("private-lines",), r"Private-Lines:[ \t]*\d+" + _NL + r"(?P<v>[A-Za-z0-9+/=]+(?:" + _NL + r"[A-Za-z0-9+/=]+)*)", "v", None),  # a PuTTY .ppk body
     ("private_key", ("kty",), r"\\?\"(?:d|p|q|dp|dq|qi|k)\\?\"[ \t]*:[ \t]*\\?\"(?P<v>[A-Za-z0-9_\-]{16,})\\?\"", "v", None),  # JWK private members
     ("basic_auth", ("curl",), r"(?<![\w\-])curl\b[^\n|;&]*?[ \t](?:-u|--user)(?:[ \t]+|=)(?P<q>\\?['\"]|)[^\s:'\"\\]+:(?P<v>[^\s'\"\\]+)(?P=q)", "v",
@@ -226,6 +230,10 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
      "v", lambda s, m: not _placeholder(m.group("v"))),  # a secret piped into a login
     ("secret_assignment", ("passphrase", "pass_phrase"), r"(?i:pass[_\-]?phrase)\\?['\"]?[ \t]*[=:][ \t]*(?:(?P<q>\\?['\"])(?P<v>[^'\"\\\r\n]{4,200})(?P=q)"
      r"|(?P<w>[^\s'\"\\#$<{][^'\"\\\r\n#]{3,200}?)[ \t]*(?=\r?\n|\\n|$))", ("v", "w"), _passphrase),  # a passphrase may hold spaces
+]
+
+# %% ../../nbs/08b_ingestion.redact.ipynb #ea69d7d1
+_MORE_RULES = [
     ("jwt", ("eyj",), r"(?<![A-Za-z0-9_\-])eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", None, None),
     ("slack_webhook", ("hooks.slack.com/",), r"hooks\.slack\.com/(?:services|workflows|triggers)/(?P<v>[A-Za-z0-9_\-]+/[A-Za-z0-9_/\-]{8,})", "v", None),
     ("sendgrid_key", ("sg.",), r"(?<![A-Za-z0-9_\-])SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}", None, None),
@@ -250,7 +258,8 @@ _RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in [  # (kind or fn(matc
     ("netrc_password", ("machine", "default"), r"(?m:^|(?<=\\n))[ \t]*password[ \t]+(?P<v>" + _VS + r"+)[ \t]*(?=$|\r|\\n)", "v", _netrc),
     ("connection_password", ("password=", "pwd=", "password =", "pwd ="), r"(?i:(?:^|(?<=[;\"']))[ \t]*(?:password|pwd)[ \t]*=[ \t]*)(?P<v>[^;\"'\r\n\\ \t][^;\"'\r\n\\]{0,127}?)[ \t]*(?=;|[\"'\r\n\\]|$)",
      "v", _ado_password),
-]]
+]
+_RULES = [(k, t, re.compile(p), g, c) for k, t, p, g, c in _TOKEN_RULES + _COMMAND_RULES + _MORE_RULES]
 
 # %% ../../nbs/08b_ingestion.redact.ipynb #red35v4
 _ASSIGN_T = ("key", "token", "secret", "pass", "pwd")

@@ -320,6 +320,44 @@ def _input_at(src, out):
     except OSError: return None
     return None
 
+# %% ../../nbs/09b_ingestion.sources.ipynb #0c5f8858
+def _nothing_usable(src, source, st, drop):
+    "Why an ingest of `src` gave nothing to write, after calling `drop` (which removes the partial output); None when it read something."
+    unreadable = st.n_bad_json_lines + st.skipped_truncated_lines + st.skipped_record_types.get("<not an object>", 0)
+    if st.n_states_emitted == 0 and st.n_files == 0 and (st.skipped_codex_files or st.skipped_subagent_files):
+        drop()
+        if st.skipped_codex_files and not st.skipped_subagent_files:
+            return (f"{str(src)!r} is a Codex CLI rollout, not Claude Code session JSONL ({st.skipped_codex_files} file(s)): "
+                    "read it with composer_replication.ingestion.codex.CodexIngester")
+        return (f"{str(src)!r} holds only subagent transcripts ({st.skipped_subagent_files} agent-*.jsonl file(s)"
+                + (f", {st.skipped_codex_files} Codex CLI rollout(s)" if st.skipped_codex_files else "")
+                + "), which are skipped by default: ingest them with skip_sidechain=False (--subagents)")
+    if st.n_states_emitted == 0 and st.n_records_total and st.skipped_subagent == st.n_records_total:
+        drop()
+        return (f"{str(src)!r} holds only subagent (isSidechain) records, which are skipped by default: "
+                "ingest them with skip_sidechain=False (--subagents)")
+    if st.n_records_total == 0 or unreadable == st.n_records_total:
+        drop()
+        kind = source if source != "auto" else detect_trace_format(src)
+        what = "Claude Code session JSONL" if kind in ("claude-code", "unknown") else f"a readable {kind} trace"
+        return f"{str(src)!r} is not {what}: no line is a JSON object"
+    return None
+
+# %% ../../nbs/09b_ingestion.sources.ipynb #b3be464d
+def _print_summary(st, out, redact, w):
+    "Print what an ingest wrote to `out`, read and skipped, its redactions and its warnings (`w`: the appender, which counts replaced surrogates)."
+    print(f"wrote {st.n_states_emitted} states ({st.n_tool_use_blocks} tool calls) from {st.n_files} file(s) to {out}")
+    print(f"records: {st.n_records_total} read, {st.n_records_used} used, {st.n_records_skipped} skipped "
+          f"(subagent {st.skipped_subagent}, summary {st.skipped_summary}, truncated {st.skipped_truncated_lines}, "
+          f"bad JSON {st.n_bad_json_lines}, synthetic {st.skipped_synthetic}, by type {st.skipped_record_types})")
+    if st.skipped_no_user_turn or st.n_task_prompts_linked:
+        print(f"turns without a user message before them, not emitted: {st.skipped_no_user_turn}; subagent prompts taken from the parent: {st.n_task_prompts_linked}")
+    if st.skipped_codex_files: print(f"Codex CLI rollouts not read: {st.skipped_codex_files} (use composer_replication.ingestion.codex.CodexIngester)")
+    if st.skipped_subagent_files: print(f"subagent files not read: {st.skipped_subagent_files} (use skip_sidechain=False to ingest them)")
+    print(f"redactions: {sum(st.redactions.values())} {st.redactions}" if redact else "redactions: off")
+    if w.stats["lone_surrogates_replaced"]: print(f"lone surrogates replaced: {w.stats['lone_surrogates_replaced']} (by U+FFFD: the file is valid UTF-8)")
+    for v in st.version_warnings: print(f"warning: {v}")
+
 # %% ../../nbs/09b_ingestion.sources.ipynb #7409f819
 def ingest_command(src:str, # a session .jsonl file or a folder of them
                    out:str, # where to write the TraceStates, one JSON object per line
@@ -349,35 +387,8 @@ def ingest_command(src:str, # a session .jsonl file or a folder of them
     except OSError as e: drop(); return fail(f"while reading {str(src)!r}: {e.strerror or e}")
     except BaseException: drop(); raise
     st = ing.last_stats
-    unreadable = st.n_bad_json_lines + st.skipped_truncated_lines + st.skipped_record_types.get("<not an object>", 0)
-    if st.n_states_emitted == 0 and st.n_files == 0 and (st.skipped_codex_files or st.skipped_subagent_files):
-        drop()
-        if st.skipped_codex_files and not st.skipped_subagent_files:
-            return fail(f"{str(src)!r} is a Codex CLI rollout, not Claude Code session JSONL ({st.skipped_codex_files} file(s)): "
-                        "read it with composer_replication.ingestion.codex.CodexIngester")
-        return fail(f"{str(src)!r} holds only subagent transcripts ({st.skipped_subagent_files} agent-*.jsonl file(s)"
-                    + (f", {st.skipped_codex_files} Codex CLI rollout(s)" if st.skipped_codex_files else "")
-                    + "), which are skipped by default: ingest them with skip_sidechain=False (--subagents)")
-    if st.n_states_emitted == 0 and st.n_records_total and st.skipped_subagent == st.n_records_total:
-        drop()
-        return fail(f"{str(src)!r} holds only subagent (isSidechain) records, which are skipped by default: "
-                    "ingest them with skip_sidechain=False (--subagents)")
-    if st.n_records_total == 0 or unreadable == st.n_records_total:
-        drop()
-        kind = source if source != "auto" else detect_trace_format(src)
-        what = "Claude Code session JSONL" if kind in ("claude-code", "unknown") else f"a readable {kind} trace"
-        return fail(f"{str(src)!r} is not {what}: no line is a JSON object")
+    if (msg := _nothing_usable(src, source, st, drop)) is not None: return fail(msg)
     try: os.replace(tmp, outp)
     except OSError as e: drop(); return fail(f"cannot write --out {str(out)!r}: {e.strerror}")
-    print(f"wrote {st.n_states_emitted} states ({st.n_tool_use_blocks} tool calls) from {st.n_files} file(s) to {out}")
-    print(f"records: {st.n_records_total} read, {st.n_records_used} used, {st.n_records_skipped} skipped "
-          f"(subagent {st.skipped_subagent}, summary {st.skipped_summary}, truncated {st.skipped_truncated_lines}, "
-          f"bad JSON {st.n_bad_json_lines}, synthetic {st.skipped_synthetic}, by type {st.skipped_record_types})")
-    if st.skipped_no_user_turn or st.n_task_prompts_linked:
-        print(f"turns without a user message before them, not emitted: {st.skipped_no_user_turn}; subagent prompts taken from the parent: {st.n_task_prompts_linked}")
-    if st.skipped_codex_files: print(f"Codex CLI rollouts not read: {st.skipped_codex_files} (use composer_replication.ingestion.codex.CodexIngester)")
-    if st.skipped_subagent_files: print(f"subagent files not read: {st.skipped_subagent_files} (use skip_sidechain=False to ingest them)")
-    print(f"redactions: {sum(st.redactions.values())} {st.redactions}" if redact else "redactions: off")
-    if w.stats["lone_surrogates_replaced"]: print(f"lone surrogates replaced: {w.stats['lone_surrogates_replaced']} (by U+FFFD: the file is valid UTF-8)")
-    for w in st.version_warnings: print(f"warning: {w}")
+    _print_summary(st, out, redact, w)
     return 0

@@ -11,7 +11,8 @@ from typing import Sequence
 from .hint_generator import classify_error, match_tool_results, tool_calls_of
 from .ingestion.core import render_action
 from .task_suite_repos import (
-    CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SessionWriter, SyntheticRepo)
+    CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SyntheticRepo)
+from .task_suite_records import SessionWriter
 from .task_suite_actions import action_matches
 _all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "SUITE_TOOLS", "REPEAT_KIND", "VOCAB", "FUNCTIONS", "GENERIC_FILES", "action_matches"]
 _log = logging.getLogger(__name__)

@@ -36,32 +36,34 @@ def cache_keyword(model):
     except (TypeError, ValueError): return "past_key_values"
     return "cache" if "cache" in params else "past_key_values"
 
-# %% ../nbs/25g_decoding.ipynb #f3bcaeec
-def decode_batch(model, # HF causal LM, in eval mode
-                 tokenizer, # its tokenizer (pad id, decode)
-                 items:list[dict], # per row: "prompt_ids" (token ids) and "conts" ({side: token ids} to score after the prompt)
-                 *,
-                 generate:bool, # also decode greedily (False: only score)
-                 max_new_tokens:int, # decoding stops after this many tokens
-                 stop_ids:set[int], # tokens that end a turn (`stop_token_ids`)
-                 device, # where the model is
-                 first_call:bool=False, # stop at the end of the first complete tool call
-                ) -> tuple[list, list, list[dict], list]: # (new-token counts, stop reasons, {side: summed log p} per row, generated texts); None where generate=False
-    "One left-padded batch: prefill the prompts once, score the continuations from that cache, then decode greedily."
+# %% ../nbs/25g_decoding.ipynb #4c9323f0
+def _left_padded(prompts:list[list[int]], # token ids per row
+                 pad:int, # the id written on the padding
+                 device, # where the tensors go
+                ) -> tuple: # (ids, mask), both (B, L) long, L the longest prompt
+    "The prompts left-padded into one batch, and the attention mask of their real tokens."
     import torch
-    B = len(items)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), 0)
-    L = max(len(it["prompt_ids"]) for it in items)
+    B, L = len(prompts), max(len(p) for p in prompts)
     ids = torch.full((B, L), pad, dtype=torch.long); mask = torch.zeros((B, L), dtype=torch.long)
-    for b, it in enumerate(items):
-        n = len(it["prompt_ids"]); ids[b, L - n:] = torch.tensor(it["prompt_ids"]); mask[b, L - n:] = 1
-    ids, mask = ids.to(device), mask.to(device)
-    lens = mask.sum(1)                                               # (B,) real prompt lengths
-    kw = cache_keyword(model)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
-                use_cache=True, logits_to_keep=1)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    last = out.logits[:, -1].float()                                 # (B, V) next-token logits
+    for b, p in enumerate(prompts):
+        n = len(p); ids[b, L - n:] = torch.tensor(p); mask[b, L - n:] = 1
+    return ids.to(device), mask.to(device)
+
+# %% ../nbs/25g_decoding.ipynb #0d6e40e9
+def _score_continuations(model, # HF causal LM
+                         items:list[dict], # per row: "conts" ({side: token ids})
+                         cache, # the prompts' KV cache (cropped back to them after each side)
+                         last, # (B, V) the prompts' next-token logits
+                         mask, # (B, L) the prompts' attention mask
+                         lens, # (B,) real prompt lengths
+                         *,
+                         pad:int, # the id written on the padding
+                         device, # where the model is
+                         kw:str, # the forward keyword of the KV cache (`cache_keyword`)
+                        ) -> list[dict]: # {side: summed log p} per row
+    "Summed log p of each row's continuations, scored from the prompts' cache."
+    import torch
+    B, L = mask.shape
     scores = [{} for _ in items]
     sides = sorted({k for it in items for k in it["conts"]})
     for side in sides:  # summed log p of each continuation, from the prompt's cache (cropped back after each side)
@@ -79,8 +81,26 @@ def decode_batch(model, # HF causal LM, in eval mode
             if it["conts"].get(side): scores[b][side] = summed[b]
         cache.crop(L - cache.get_seq_length())  # a negative count: remove that many tokens
         del o, logits
-    gens, stops = [[] for _ in items], [None] * B
-    if not generate: return [None] * B, [None] * B, scores, [None] * B
+    return scores
+
+# %% ../nbs/25g_decoding.ipynb #4479612d
+def _decode_greedy(model, # HF causal LM
+                   tokenizer, # its tokenizer (decode)
+                   cache, # the prompts' KV cache
+                   last, # (B, V) the prompts' next-token logits
+                   mask, # (B, L) the prompts' attention mask
+                   lens, # (B,) real prompt lengths
+                   *,
+                   max_new_tokens:int, # decoding stops after this many tokens
+                   stop_ids:set[int], # tokens that end a turn
+                   device, # where the model is
+                   first_call:bool, # stop at the end of the first complete tool call
+                   kw:str, # the forward keyword of the KV cache (`cache_keyword`)
+                  ) -> tuple[list, list, list]: # (generated token ids, stop reasons, generated texts) per row
+    "Greedy decoding from the prompts' cache until every row has stopped."
+    import torch
+    B = len(lens)
+    gens, stops = [[] for _ in range(B)], [None] * B
     texts = [""] * B
     active, cur, attn, pos = list(range(B)), last.argmax(-1), mask, lens.clone()
     while active:
@@ -103,4 +123,31 @@ def decode_batch(model, # HF causal LM, in eval mode
         o = model(input_ids=cur[:, None], attention_mask=attn, position_ids=pos[:, None], **{kw: cache}, use_cache=True)
         pos = pos + 1
         cur = o.logits[:, -1].argmax(-1)
+    return gens, stops, texts
+
+# %% ../nbs/25g_decoding.ipynb #f3bcaeec
+def decode_batch(model, # HF causal LM, in eval mode
+                 tokenizer, # its tokenizer (pad id, decode)
+                 items:list[dict], # per row: "prompt_ids" (token ids) and "conts" ({side: token ids} to score after the prompt)
+                 *,
+                 generate:bool, # also decode greedily (False: only score)
+                 max_new_tokens:int, # decoding stops after this many tokens
+                 stop_ids:set[int], # tokens that end a turn (`stop_token_ids`)
+                 device, # where the model is
+                 first_call:bool=False, # stop at the end of the first complete tool call
+                ) -> tuple[list, list, list[dict], list]: # (new-token counts, stop reasons, {side: summed log p} per row, generated texts); None where generate=False
+    "One left-padded batch: prefill the prompts once, score the continuations from that cache, then decode greedily."
+    B = len(items)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(stop_ids), 0)
+    ids, mask = _left_padded([it["prompt_ids"] for it in items], pad, device)
+    lens = mask.sum(1)                                               # (B,) real prompt lengths
+    kw = cache_keyword(model)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp(min=0),
+                use_cache=True, logits_to_keep=1)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    last = out.logits[:, -1].float()                                 # (B, V) next-token logits
+    scores = _score_continuations(model, items, cache, last, mask, lens, pad=pad, device=device, kw=kw)
+    if not generate: return [None] * B, [None] * B, scores, [None] * B
+    gens, stops, texts = _decode_greedy(model, tokenizer, cache, last, mask, lens, max_new_tokens=max_new_tokens,
+                                        stop_ids=stop_ids, device=device, first_call=first_call, kw=kw)
     return [len(g) for g in gens], stops, scores, texts

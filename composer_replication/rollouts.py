@@ -4,7 +4,7 @@
 
 # %% ../nbs/25e_rollouts.ipynb #fb35bf02
 from __future__ import annotations
-import copy, json
+import copy, functools, json
 from typing import Callable, Mapping, Sequence
 
 from .hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
@@ -53,66 +53,77 @@ def _tool_groups(completion:list[dict]) -> list[tuple[dict|None, list[int]]]:
 
 def _key(name, args): return name, json.dumps(args, sort_keys=True, ensure_ascii=False, default=str)
 
-# %% ../nbs/25e_rollouts.ipynb #51d1ba8f
-def rollout_sdpo_row(tokenizer, # the trainer's tokenizer (its chat template renders the hints)
-                     prompt:list[dict], # the messages the rollout started from (a recovery's ends at its planted error)
-                     prompt_ids:Sequence[int], # their tokens, as the trainer rendered them (no padding)
-                     completion_ids:Sequence[int], # the rollout's tokens: the student's turns and the tool results between them
-                     tool_mask:Sequence[int], # 1 on the student's tokens, 0 on tool results (TRL's `tool_mask`), same length
-                     completion:list[dict], # the rollout as messages (assistant turns and tool results, in order)
-                     tool_errors:Sequence[bool], # whether each tool result in `completion` is an error, in order
-                     *,
-                     hint_generator:Callable[[str, dict], str|None]=dispatch, # (error kind, context) -> hint (`hint_generator.dispatch`)
-                     peer_calls:Sequence[dict]|None=None, # a successful rollout's calls that succeeded ({"name", "arguments"}), in order
-                     tools:list|None=None, # the tools the prompt was rendered with
-                     chat_template:str|None=None, # the template the trainer renders with
-                     hint_role:str="user", # the role of the hint message
-                     chat_template_kwargs:dict|None=None, # more template arguments
-                    ) -> dict: # student/teacher ids and masks, and one record per error site
-    "Channel 2 on a rollout: a teacher context with a hint after each failed tool call, and the student's tokens after it to distil."
-    from composer_replication.trainer.windows import describe_action
-    kw = dict(chat_template_kwargs or {})
-    P, C = len(prompt_ids), len(completion_ids)
-    if len(tool_mask) != C: raise ValueError(f"tool_mask has {len(tool_mask)} entries for {C} completion tokens")
-    runs, groups = _runs(tool_mask), _tool_groups(completion)
-    n_results = sum(len(g) for _, g in groups)
-    if len(tool_errors) != n_results: raise ValueError(f"tool_errors has {len(tool_errors)} entries for {n_results} tool results in the rollout")
-    out = {"student_ids": list(prompt_ids) + list(completion_ids), "sites": []}
-    if len(runs) != len(groups):   # TRL rolled back an overlong tool result: the messages and tokens no longer pair up
-        out.update(teacher_ids=list(out["student_ids"]), student_mask=[0] * (P + C), teacher_mask=[0] * (P + C), skipped="unaligned")
-        return out
-    names = [t.get("function", t).get("name") if isinstance(t, dict) else getattr(t, "__name__", None) for t in tools or []]
+# %% ../nbs/25e_rollouts.ipynb #0ec9eed3
+def _annotated(completion:list[dict], # the rollout as messages
+               groups:list, # its tool-calling turns (`_tool_groups`)
+               tool_errors:Sequence[bool], # whether each tool result is an error, in order
+              ) -> tuple[list[dict], dict]: # (the annotated copy, {message index: whether that tool result is an error})
+    "A copy of the rollout with call ids and `is_error` on its tool results, and which results are errors."
     err_of, k = {}, 0
     for _, g in groups:
         for j in g: err_of[j] = bool(tool_errors[k]); k += 1
-    raw, completion = completion, copy.deepcopy(completion)   # with call ids and `is_error` (TRL's messages have neither), for `classify_error`'s repeats
+    completion = copy.deepcopy(completion)   # with call ids and `is_error` (TRL's messages have neither), for `classify_error`'s repeats
     for g, (msg, idx) in enumerate(groups):
         for i, tc in enumerate((completion[idx[0] - 1] if idx[0] else {}).get("tool_calls") or []): tc.setdefault("id", f"rollout-call-{g}-{i}")
         for i, j in enumerate(idx): completion[j].update(tool_call_id=completion[j].get("tool_call_id") or f"rollout-call-{g}-{i}", is_error=err_of[j])
-    groups = _tool_groups(completion)
+    return completion, err_of
+
+# %% ../nbs/25e_rollouts.ipynb #dabcfe34
+def _solution(peer_calls:Sequence[dict]|None, # a successful rollout's calls that succeeded, in order
+              done_ok:list, # `_key`s of this rollout's calls that worked so far
+             ) -> str|None: # the first peer call not made yet, as an action
+    "The solution a hint carries: a successful peer's first call that this rollout has not made successfully yet."
+    from composer_replication.trainer.windows import describe_action
+    for c in peer_calls or []:
+        if _key(c["name"], c["arguments"]) not in done_ok:
+            return describe_action({"tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}]})
+    return None
+
+def _site(history, # the messages before the failed turn
+          calls, # the failed calls (None where unknown)
+          results, # their tool results
+          start:int, end:int, # the completion tokens [start, end) after the error
+          *,
+          tool_mask:Sequence[int], # 1 on the student's tokens
+          names:list, # the tools' names
+          hint_generator:Callable, # (error kind, context) -> hint
+          peer_calls:Sequence[dict]|None, # a successful rollout's calls
+          done_ok:list, # keys of the calls that worked so far
+         ) -> dict|None: # hint, kinds, solution, error, targets; None without a hint or tokens to distil
+    "The hint for the failed results of one turn, and the student's tokens [start, end) it is distilled on."
+    hints = []
+    for call, res in zip(calls, results):
+        fn = call.get("function", call) if call else {}
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            try: args = json.loads(args)
+            except ValueError: pass
+        kind = classify_error(res["content"] if isinstance(res["content"], str) else str(res["content"]), tool_name=fn.get("name"),
+                              available_tools=names or None, history=history, tool_input=args)
+        ctx = {"tool_name": fn.get("name"), "tool_input": args, "error_message": res["content"], "available_tools": names,
+               "solution": _solution(peer_calls, done_ok)}
+        h = hint_generator(kind, ctx) if kind is not None else None
+        if h: hints.append((kind, h, ctx["solution"]))
+    targets = [t for t in range(start, end) if tool_mask[t]]
+    return {"hint": "\n".join(h for _, h, _ in hints), "kinds": [k for k, _, _ in hints], "solution": next((s for *_, s in hints if s), None),
+            "error": "\n".join(str(r["content"]) for r in results), "targets": targets} if hints and targets else None
+
+# %% ../nbs/25e_rollouts.ipynb #083dc89d
+def _error_sites(prompt:list[dict], # the messages the rollout started from
+                 completion:list[dict], # the annotated rollout (`_annotated`)
+                 groups:list, # its tool-calling turns
+                 runs:list, # [start, end) of each tool-result run in the completion tokens
+                 err_of:dict, # message index -> whether that tool result is an error
+                 tool_mask:Sequence[int], # 1 on the student's tokens
+                 C:int, # completion length
+                 *,
+                 names:list, # the tools' names
+                 hint_generator:Callable, # (error kind, context) -> hint
+                 peer_calls:Sequence[dict]|None, # a successful rollout's calls
+                ) -> dict: # tool turn (-1: the prompt) -> its site
+    "The error sites of a rollout, keyed by the tool turn whose results failed (-1: the planted error ending the prompt)."
     done_ok = []   # keys of the calls that worked so far (a peer's call already made is no solution)
-    def solution():
-        for c in peer_calls or []:
-            if _key(c["name"], c["arguments"]) not in done_ok:
-                return describe_action({"tool_calls": [{"function": {"name": c["name"], "arguments": c["arguments"]}}]})
-        return None
-    def site(history, calls, results, start, end):
-        "The hint for the failed results of one turn, and the student's tokens [start, end) it is distilled on."
-        hints = []
-        for call, res in zip(calls, results):
-            fn = call.get("function", call) if call else {}
-            args = fn.get("arguments")
-            if isinstance(args, str):
-                try: args = json.loads(args)
-                except ValueError: pass
-            kind = classify_error(res["content"] if isinstance(res["content"], str) else str(res["content"]), tool_name=fn.get("name"),
-                                  available_tools=names or None, history=history, tool_input=args)
-            ctx = {"tool_name": fn.get("name"), "tool_input": args, "error_message": res["content"], "available_tools": names, "solution": solution()}
-            h = hint_generator(kind, ctx) if kind is not None else None
-            if h: hints.append((kind, h, ctx["solution"]))
-        targets = [t for t in range(start, end) if tool_mask[t]]
-        return {"hint": "\n".join(h for _, h, _ in hints), "kinds": [k for k, _, _ in hints], "solution": next((s for *_, s in hints if s), None),
-                "error": "\n".join(str(r["content"]) for r in results), "targets": targets} if hints and targets else None
+    site = functools.partial(_site, tool_mask=tool_mask, names=names, hint_generator=hint_generator, peer_calls=peer_calls, done_ok=done_ok)
     sites = {}   # completion position where the student's tokens after an error start -> site
     first_end = runs[0][0] if runs else C
     if prompt and prompt[-1].get("role") == "tool" and prompt[-1].get("is_error"):   # a recovery: the planted error ends the prompt
@@ -132,7 +143,20 @@ def rollout_sdpo_row(tokenizer, # the trainer's tokenizer (its chat template ren
         for i, j in enumerate(idx):
             if not err_of[j] and i < len(calls):
                 fn = calls[i].get("function", calls[i]); done_ok.append(_key(fn.get("name"), fn.get("arguments")))
-    # the teacher: the same rollout with each site's hint after its error
+    return sites
+
+# %% ../nbs/25e_rollouts.ipynb #2ebf9aaa
+def _teacher_ids(tokenizer, # the trainer's tokenizer
+                 prompt:list[dict], prompt_ids:Sequence[int], completion_ids:Sequence[int], # as `rollout_sdpo_row` got them
+                 raw:list[dict], # the rollout as TRL's messages (not annotated)
+                 groups:list, # its tool-calling turns
+                 runs:list, # [start, end) of each tool-result run in the completion tokens
+                 sites:dict, # tool turn -> site (`_error_sites`); the sites that cannot be rendered are deleted
+                 *,
+                 tools:list|None, chat_template:str|None, hint_role:str, kw:dict, # rendering, as `rollout_sdpo_row` got them
+                ) -> tuple[list[int], dict]: # (the teacher's ids, completion position -> its position in them)
+    "The teacher's tokens: the same rollout with each site's hint after its error."
+    C = len(completion_ids)
     hint_msg = lambda s: [{"role": hint_role, "content": s["hint"]}]
     if -1 in sites:
         teacher = _render(tokenizer, prompt + hint_msg(sites[-1]), chat_template, tools, True, **kw)
@@ -149,6 +173,41 @@ def rollout_sdpo_row(tokenizer, # the trainer's tokenizer (its chat template ren
                 seg = tool_suffix_ids(tokenizer, msgs, hint_msg(sites[g]), chat_template, **kw)
             else: del sites[g]   # TRL rendered this turn's results otherwise: no hint here
         teacher += seg; pos = b
+    return teacher, t_pos
+
+# %% ../nbs/25e_rollouts.ipynb #51d1ba8f
+def rollout_sdpo_row(tokenizer, # the trainer's tokenizer (its chat template renders the hints)
+                     prompt:list[dict], # the messages the rollout started from (a recovery's ends at its planted error)
+                     prompt_ids:Sequence[int], # their tokens, as the trainer rendered them (no padding)
+                     completion_ids:Sequence[int], # the rollout's tokens: the student's turns and the tool results between them
+                     tool_mask:Sequence[int], # 1 on the student's tokens, 0 on tool results (TRL's `tool_mask`), same length
+                     completion:list[dict], # the rollout as messages (assistant turns and tool results, in order)
+                     tool_errors:Sequence[bool], # whether each tool result in `completion` is an error, in order
+                     *,
+                     hint_generator:Callable[[str, dict], str|None]=dispatch, # (error kind, context) -> hint (`hint_generator.dispatch`)
+                     peer_calls:Sequence[dict]|None=None, # a successful rollout's calls that succeeded ({"name", "arguments"}), in order
+                     tools:list|None=None, # the tools the prompt was rendered with
+                     chat_template:str|None=None, # the template the trainer renders with
+                     hint_role:str="user", # the role of the hint message
+                     chat_template_kwargs:dict|None=None, # more template arguments
+                    ) -> dict: # student/teacher ids and masks, and one record per error site
+    "Channel 2 on a rollout: a teacher context with a hint after each failed tool call, and the student's tokens after it to distil."
+    kw = dict(chat_template_kwargs or {})
+    P, C = len(prompt_ids), len(completion_ids)
+    if len(tool_mask) != C: raise ValueError(f"tool_mask has {len(tool_mask)} entries for {C} completion tokens")
+    runs, groups = _runs(tool_mask), _tool_groups(completion)
+    n_results = sum(len(g) for _, g in groups)
+    if len(tool_errors) != n_results: raise ValueError(f"tool_errors has {len(tool_errors)} entries for {n_results} tool results in the rollout")
+    out = {"student_ids": list(prompt_ids) + list(completion_ids), "sites": []}
+    if len(runs) != len(groups):   # TRL rolled back an overlong tool result: the messages and tokens no longer pair up
+        out.update(teacher_ids=list(out["student_ids"]), student_mask=[0] * (P + C), teacher_mask=[0] * (P + C), skipped="unaligned")
+        return out
+    names = [t.get("function", t).get("name") if isinstance(t, dict) else getattr(t, "__name__", None) for t in tools or []]
+    raw, (completion, err_of) = completion, _annotated(completion, groups, tool_errors)
+    groups = _tool_groups(completion)
+    sites = _error_sites(prompt, completion, groups, runs, err_of, tool_mask, C, names=names, hint_generator=hint_generator, peer_calls=peer_calls)
+    teacher, t_pos = _teacher_ids(tokenizer, prompt, prompt_ids, completion_ids, raw, groups, runs, sites,
+                                  tools=tools, chat_template=chat_template, hint_role=hint_role, kw=kw)
     s_mask, t_mask = [0] * (P + C), [0] * len(teacher)
     for g in sorted(sites):
         for t in sites[g]["targets"]: s_mask[P + t] = 1; t_mask[t_pos[t]] = 1

@@ -4,24 +4,27 @@
 
 # %% ../nbs/25_task_suite.ipynb #2309e3ee
 from __future__ import annotations
-import hashlib, json, logging, math, random, re, shutil, uuid
+import json, logging, math, random, re, shutil, uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 from .hint_generator import classify_error, match_tool_results, tool_calls_of
 from .ingestion.core import render_action
 from .task_suite_repos import (
-    CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SessionWriter, SyntheticRepo)
+    CLAUDE_CODE_TOOLS, FUNCTIONS, GENERIC_FILES, REPEAT_KIND, SCENARIOS, SPLITS, SUITE_TOOLS, TASKS, VOCAB, SyntheticRepo)
+from .task_suite_records import SessionWriter
 from .task_suite_actions import action_matches
-_all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "SUITE_TOOLS", "REPEAT_KIND", "VOCAB", "FUNCTIONS", "GENERIC_FILES", "action_matches"]
+from .task_suite_teachers import SUITE_TEACHERS, suite_policies
+_all_ = ["SPLITS", "TASKS", "SCENARIOS", "CLAUDE_CODE_TOOLS", "SUITE_TOOLS", "REPEAT_KIND", "VOCAB", "FUNCTIONS", "GENERIC_FILES", "action_matches",
+         "SUITE_TEACHERS", "suite_policies"]
 _log = logging.getLogger(__name__)
 
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['SUITE_FORMAT', 'SUITE_TEACHERS', 'SuiteSession', 'make_session', 'error_sites', 'make_task_suite', 'load_expected',
-           'suite_ingester', 'suite_names', 'suite_policies', 'SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS',
-           'SUITE_TOOLS', 'REPEAT_KIND', 'VOCAB', 'FUNCTIONS', 'GENERIC_FILES', 'action_matches']
+__all__ = ['SUITE_FORMAT', 'SuiteSession', 'make_session', 'error_sites', 'make_task_suite', 'load_expected', 'suite_ingester',
+           'suite_names', 'SPLITS', 'TASKS', 'SCENARIOS', 'CLAUDE_CODE_TOOLS', 'SUITE_TOOLS', 'REPEAT_KIND', 'VOCAB',
+           'FUNCTIONS', 'GENERIC_FILES', 'action_matches', 'SUITE_TEACHERS', 'suite_policies']
 
 # %% ../nbs/25_task_suite.ipynb #b596a672
 def _camel(name):
@@ -112,77 +115,122 @@ class _Session:
             out["command_not_found"] = text + [_call("Bash", **{**inp, "command": rng.choice(voc["missing_commands"])})]
         return out
 
+# %% ../nbs/25_task_suite.ipynb #d66f216e
+@patch
+def _think(self:_Session, t):
+    "A thinking block before an action, half of the time (its signature drawn from the writer)."
+    return [{"type": "thinking", "thinking": t, "signature": self.w._id("Eq", 40)}] if self.rng.random() < 0.5 else []
+
+def _S(blocks, fails_as=None, auto=True):
+    "A step; `auto`: its mistakes are filled in by `_single` (else it admits none)."
+    return _Step(blocks, None if auto else {}, fails_as)
+
+@patch
+def _tests(self:_Session, why):
+    "A run of the repository's test command, after the sentence `why`."
+    return [_text(why), _call("Bash", command=self.repo.test_cmd, description="Run the test suite")]
+
+@patch
+def _single(self:_Session, *steps):
+    "The steps, with the mistakes of the single-call steps (Read, Edit, test runs) filled in (`_mutations`)."
+    out = []
+    for i, s in enumerate(steps):
+        if s.mistakes is None:
+            nc = _calls(steps[i + 1].blocks) if i + 1 < len(steps) else []
+            same = len(nc) == 1 and nc[0]["name"] == "Edit" and nc[0]["input"]["file_path"] == _calls(s.blocks)[0]["input"].get("file_path")
+            nxt = steps[i + 1].blocks if same else None
+            s.mistakes = self._mutations(s.blocks, nxt)
+        out.append(s)
+    return out
+
+# %% ../nbs/25_task_suite.ipynb #d14019fe
+@patch
+def _fix_bug_steps(self:_Session, look):
+    "fix_bug: look around, read the README, tests and module, run the tests (they fail), fix the bug, run them again, report."
+    r, A = self.repo, self.repo.abs
+    think, S, tests, single = self._think, _S, self._tests, self._single
+    k, f = r.funcs[r.buggy]; T = FUNCTIONS[k]
+    self.fill = dict(func=f)
+    steps = single(S(look, auto=False),
+                   S([_text("Let me read the README, the tests and the module they cover."), _call("Read", file_path=A("README.md")),
+                      _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A(r.mod_path))], auto=False),
+                   S(tests("Running the tests to see what fails."), fails_as="failing_test"),
+                   S(think(f"The failure is in {f}: {T['bug']} is wrong.") +
+                     [_text(f"`{f}` does `{T['bug']}` where it should do `{T['body']}`. Fixing it."),
+                      _call("Edit", file_path=A(r.mod_path), old_string=f"    {T['bug']}", new_string=f"    {T['body']}")], auto=False),
+                   S(tests("Running the tests again.")),
+                   S([_text(f"Fixed `{f}` in {r.mod_path}: it used `{T['bug']}` instead of `{T['body']}`. All 3 tests pass now.")], auto=False))
+    steps[2].mistakes = {k2: v for k2, v in steps[2].mistakes.items() if k2 == "command_not_found"}
+    return steps
+
+# %% ../nbs/25_task_suite.ipynb #072a6f65
+@patch
+def _rename_steps(self:_Session):
+    "rename: find every use, read and rename the definition, update the exports and tests, run the tests, report."
+    r, rng, A = self.repo, self.rng, self.repo.abs
+    think, S, tests, single = self._think, _S, self._tests, self._single
+    k, old = rng.choice(r.funcs); new = f"{rng.choice(self.voc['rename_verbs'])}_{old.split('_', 1)[1]}"
+    self.fill, self.new_name = dict(old=old, new=new), new
+    sig = FUNCTIONS[k]["sig"]
+    steps = single(S(think(f"Find every use of {old}.") + [_text(f"Let me find every use of `{old}`."),
+                     _call("Grep", pattern=old)], auto=False),
+                   S([_text(f"Starting with the definition in {r.mod_path}."), _call("Read", file_path=A(r.mod_path))]),
+                   S([_text("Renaming the definition."), _call("Edit", file_path=A(r.mod_path), old_string=f"def {old}({sig}):",
+                                                                new_string=f"def {new}({sig}):")]),
+                   S([_text("Now the package exports and the tests, and the README for the test command."), _call("Read", file_path=A(r.init_path)),
+                      _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A("README.md"))], auto=False),
+                   S([_text("Updating both."), _call("Edit", file_path=A(r.init_path), old_string=old, new_string=new, replace_all=True),
+                      _call("Edit", file_path=A(r.test_path), old_string=old, new_string=new, replace_all=True)], auto=False),
+                   S(tests("Running the tests to check nothing still uses the old name.")),
+                   S([_text(f"Renamed `{old}` to `{new}` in {r.mod_path}, {r.init_path} and {r.test_path}; the tests pass.")], auto=False))
+    return steps
+
+# %% ../nbs/25_task_suite.ipynb #d7c0c403
+@patch
+def _add_test_steps(self:_Session, readme):
+    "add_test: find the tests, read the README and the test file, add the test, run the tests, report."
+    r, rng, A = self.repo, self.rng, self.repo.abs
+    think, S, tests, single = self._think, _S, self._tests, self._single
+    k, f = rng.choice(r.funcs); T = FUNCTIONS[k]
+    self.fill = dict(func=f, case=T["case"])
+    name = f"test_{f}_{'_'.join(T['case'].split()[1:])}"
+    line = f"    assert {T['call'].format(f=f)} == {T['want']}"
+    steps = single(S([_text("I'll check where the tests live."), _call("Glob", pattern="tests/**/*.py"), _call("Glob", pattern="*.md")], auto=False),
+                   readme,
+                   S([_text(f"Reading {r.test_path}."), _call("Read", file_path=A(r.test_path))]),
+                   S([_text(f"Adding a test for {T['case']}."), _call("Edit", file_path=A(r.test_path), old_string=line,
+                      new_string=f"{line}\n\n\ndef {name}():\n    assert {T['case_call'].format(f=f)} == {T['case_want']}")]),
+                   S(tests("Running the tests.")),
+                   S([_text(f"Added `{name}` to {r.test_path}; it passes along with the existing tests.")], auto=False))
+    return steps
+
+# %% ../nbs/25_task_suite.ipynb #45cb54b5
+@patch
+def _add_flag_steps(self:_Session, look, readme):
+    "add_flag: look around, read the README and the settings, add the flag, run the tests, report."
+    r, rng, A = self.repo, self.rng, self.repo.abs
+    think, S, tests, single = self._think, _S, self._tests, self._single
+    flag = rng.choice(self.voc["flags"]); self.fill, self.flag = dict(flag=flag), flag
+    (last, v) = r.settings[-1]
+    steps = single(S(look, auto=False), readme,
+                   S([_text(f"The settings live in {r.config_path}; reading it."), _call("Read", file_path=A(r.config_path))]),
+                   S([_text(f"Adding `{flag}`."), _call("Edit", file_path=A(r.config_path), old_string=f"    {last}: int = {v}",
+                                                      new_string=f"    {last}: int = {v}\n    {flag}: bool = False")]),
+                   S(tests("Running the tests to make sure nothing broke.")),
+                   S([_text(f"Added `{flag}: bool = False` to `Settings` in {r.config_path}; the test suite still passes.")], auto=False))
+    return steps
+
 # %% ../nbs/25_task_suite.ipynb #65a53b5f
 @patch
 def _flow(self:_Session):
     "The right steps of the task, with the mistakes each single-call step admits."
-    r, rng, A = self.repo, self.rng, self.repo.abs
-    think = lambda t: [{"type": "thinking", "thinking": t, "signature": self.w._id("Eq", 40)}] if rng.random() < 0.5 else []
-    S = lambda blocks, fails_as=None, auto=True: _Step(blocks, None if auto else {}, fails_as)
-    tests = lambda why: [_text(why), _call("Bash", command=r.test_cmd, description="Run the test suite")]
     # the first action must not depend on the cwd (the ingested history does not show it): list the tree first
-    look = think("Start with the layout and how the tests are run.") + [_text("I'll look at the project layout first."), _call("Glob", pattern="**/*")]
-    readme = S([_text("The README should say how the tests are run."), _call("Read", file_path=A("README.md"))])
-    def single(*steps):  # fill the mistakes of single-call steps (Read, Edit, test runs)
-        out = []
-        for i, s in enumerate(steps):
-            if s.mistakes is None:
-                nc = _calls(steps[i + 1].blocks) if i + 1 < len(steps) else []
-                same = len(nc) == 1 and nc[0]["name"] == "Edit" and nc[0]["input"]["file_path"] == _calls(s.blocks)[0]["input"].get("file_path")
-                nxt = steps[i + 1].blocks if same else None
-                s.mistakes = self._mutations(s.blocks, nxt)
-            out.append(s)
-        return out
-    if self.task == "fix_bug":
-        k, f = r.funcs[r.buggy]; T = FUNCTIONS[k]
-        self.fill = dict(func=f)
-        steps = single(S(look, auto=False),
-                       S([_text("Let me read the README, the tests and the module they cover."), _call("Read", file_path=A("README.md")),
-                          _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A(r.mod_path))], auto=False),
-                       S(tests("Running the tests to see what fails."), fails_as="failing_test"),
-                       S(think(f"The failure is in {f}: {T['bug']} is wrong.") +
-                         [_text(f"`{f}` does `{T['bug']}` where it should do `{T['body']}`. Fixing it."),
-                          _call("Edit", file_path=A(r.mod_path), old_string=f"    {T['bug']}", new_string=f"    {T['body']}")], auto=False),
-                       S(tests("Running the tests again.")),
-                       S([_text(f"Fixed `{f}` in {r.mod_path}: it used `{T['bug']}` instead of `{T['body']}`. All 3 tests pass now.")], auto=False))
-        steps[2].mistakes = {k2: v for k2, v in steps[2].mistakes.items() if k2 == "command_not_found"}
-    elif self.task == "rename":
-        k, old = rng.choice(r.funcs); new = f"{rng.choice(self.voc['rename_verbs'])}_{old.split('_', 1)[1]}"
-        self.fill, self.new_name = dict(old=old, new=new), new
-        sig = FUNCTIONS[k]["sig"]
-        steps = single(S(think(f"Find every use of {old}.") + [_text(f"Let me find every use of `{old}`."),
-                         _call("Grep", pattern=old)], auto=False),
-                       S([_text(f"Starting with the definition in {r.mod_path}."), _call("Read", file_path=A(r.mod_path))]),
-                       S([_text("Renaming the definition."), _call("Edit", file_path=A(r.mod_path), old_string=f"def {old}({sig}):",
-                                                                    new_string=f"def {new}({sig}):")]),
-                       S([_text("Now the package exports and the tests, and the README for the test command."), _call("Read", file_path=A(r.init_path)),
-                          _call("Read", file_path=A(r.test_path)), _call("Read", file_path=A("README.md"))], auto=False),
-                       S([_text("Updating both."), _call("Edit", file_path=A(r.init_path), old_string=old, new_string=new, replace_all=True),
-                          _call("Edit", file_path=A(r.test_path), old_string=old, new_string=new, replace_all=True)], auto=False),
-                       S(tests("Running the tests to check nothing still uses the old name.")),
-                       S([_text(f"Renamed `{old}` to `{new}` in {r.mod_path}, {r.init_path} and {r.test_path}; the tests pass.")], auto=False))
-    elif self.task == "add_test":
-        k, f = rng.choice(r.funcs); T = FUNCTIONS[k]
-        self.fill = dict(func=f, case=T["case"])
-        name = f"test_{f}_{'_'.join(T['case'].split()[1:])}"
-        line = f"    assert {T['call'].format(f=f)} == {T['want']}"
-        steps = single(S([_text("I'll check where the tests live."), _call("Glob", pattern="tests/**/*.py"), _call("Glob", pattern="*.md")], auto=False),
-                       readme,
-                       S([_text(f"Reading {r.test_path}."), _call("Read", file_path=A(r.test_path))]),
-                       S([_text(f"Adding a test for {T['case']}."), _call("Edit", file_path=A(r.test_path), old_string=line,
-                          new_string=f"{line}\n\n\ndef {name}():\n    assert {T['case_call'].format(f=f)} == {T['case_want']}")]),
-                       S(tests("Running the tests.")),
-                       S([_text(f"Added `{name}` to {r.test_path}; it passes along with the existing tests.")], auto=False))
-    else:  # add_flag
-        flag = rng.choice(self.voc["flags"]); self.fill, self.flag = dict(flag=flag), flag
-        (last, v) = r.settings[-1]
-        steps = single(S(look, auto=False), readme,
-                       S([_text(f"The settings live in {r.config_path}; reading it."), _call("Read", file_path=A(r.config_path))]),
-                       S([_text(f"Adding `{flag}`."), _call("Edit", file_path=A(r.config_path), old_string=f"    {last}: int = {v}",
-                                                          new_string=f"    {last}: int = {v}\n    {flag}: bool = False")]),
-                       S(tests("Running the tests to make sure nothing broke.")),
-                       S([_text(f"Added `{flag}: bool = False` to `Settings` in {r.config_path}; the test suite still passes.")], auto=False))
-    return steps
+    look = self._think("Start with the layout and how the tests are run.") + [_text("I'll look at the project layout first."), _call("Glob", pattern="**/*")]
+    readme = _S([_text("The README should say how the tests are run."), _call("Read", file_path=self.repo.abs("README.md"))])
+    if self.task == "fix_bug": return self._fix_bug_steps(look)
+    if self.task == "rename": return self._rename_steps()
+    if self.task == "add_test": return self._add_test_steps(readme)
+    return self._add_flag_steps(look, readme)
 
 # %% ../nbs/25_task_suite.ipynb #4b5e488c
 @patch
@@ -396,47 +444,3 @@ def suite_names(split_dir:str|Path, # a split folder written by `make_task_suite
     for s in json.loads(p.read_text(encoding="utf-8"))["sessions"]:
         for k, v in s["names"].items(): out.setdefault(k, set()).update(v)
     return out
-
-# %% ../nbs/25_task_suite.ipynb #8ef37be0
-SUITE_TEACHERS = [  # slug, USD per million input / output tokens (billed by the local server)
-    {"slug": "suite/teacher-a", "input_per_mtok": 1.0, "output_per_mtok": 4.0},
-    {"slug": "suite/teacher-b", "input_per_mtok": 0.5, "output_per_mtok": 2.0},
-    {"slug": "suite/teacher-c", "input_per_mtok": 0.2, "output_per_mtok": 0.8},
-]
-
-def _h(s): return int(hashlib.sha256(s.encode()).hexdigest()[:8], 16)
-
-# %% ../nbs/25_task_suite.ipynb #1fcae7a6
-def suite_policies(states:Sequence[dict], # the ingested states being replayed
-                   expected:Sequence[dict], # their expected-action rows
-                   teachers:Sequence[dict]=SUITE_TEACHERS, # teacher specs (>= 2; prices are billed)
-                   *,
-                   instruction:str|None=None, # the replay's instruction (None: teacher_replay.DEFAULT_INSTRUCTION)
-                  ) -> dict:
-    "ModelPolicies for the local TeacherServer: at each state all teachers but one answer the right action; one is noisy."
-    from composer_replication.ingestion.core import action_to_message
-    from composer_replication.teacher_replay import DEFAULT_INSTRUCTION, openai_messages
-    from composer_replication.teacher_server import ModelPolicy, request_key
-    if len(teachers) < 2: raise ValueError(f"teachers must hold at least 2 specs (all but one answer right), got {len(teachers)}")
-    rows = {r["state_id"]: r for r in expected}
-    instruction = DEFAULT_INSTRUCTION if instruction is None else instruction
-    by_key = {}
-    for s in states:
-        r = rows.get(s["state_id"])
-        if r is None: raise ValueError(f"no expected row for state {s['state_id']!r}")
-        k = request_key({"messages": openai_messages(s["messages"], instruction)})
-        if k in by_key and by_key[k][1]["calls"] != r["calls"]:
-            raise ValueError(f"states {by_key[k][0]['state_id']!r} and {s['state_id']!r} have the same history but different right actions")
-        by_key[k] = (s, r)
-    def policy(j):
-        def reply(body):
-            hit = by_key.get(request_key(body))
-            if hit is None: return "I need more context to continue."
-            s, r = hit
-            h = _h(s["state_id"])
-            if h % len(teachers) != j: return action_to_message(r["action"])
-            wrong = s["student_action"] if not r["recorded_ok"] and (h >> 8) % 2 == 0 else r["distractor"]
-            return action_to_message(wrong)
-        return reply
-    return {t["slug"]: ModelPolicy(reply=policy(j), input_per_mtok=t["input_per_mtok"], output_per_mtok=t["output_per_mtok"])
-            for j, t in enumerate(teachers)}

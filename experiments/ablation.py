@@ -141,7 +141,8 @@ def set_determinism(seed:int, device:str):
 # -- data ------------------------------------------------------------------------------------------------------
 def build_data(work:Path, s:Settings, n_dev:int=0) -> dict:
     "Write the suite, ingest both splits, replay the train split through the local teacher server, mine the pairs."
-    from composer_replication.task_suite import SUITE_TEACHERS, load_expected, make_task_suite, suite_ingester, suite_policies
+    from composer_replication.task_suite import load_expected, make_task_suite, suite_ingester
+    from composer_replication.task_suite_teachers import SUITE_TEACHERS, suite_policies
     from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace
     from composer_replication.teacher_server import TeacherServer
     make_task_suite(work/"suite", s.n_train, s.n_heldout, seed=s.suite_seed)

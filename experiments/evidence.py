@@ -131,7 +131,8 @@ def corrected_states(states:list[dict], pairs:list[dict]) -> tuple[list[dict], l
 
 def build_data(work:Path, s:Settings) -> dict:
     "The three splits, the train split replayed through the local teacher server, its pairs and the corrected traces."
-    from composer_replication.task_suite import SUITE_TEACHERS, load_expected, make_task_suite, suite_ingester, suite_policies
+    from composer_replication.task_suite import load_expected, make_task_suite, suite_ingester
+    from composer_replication.task_suite_teachers import SUITE_TEACHERS, suite_policies
     from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace
     from composer_replication.teacher_server import TeacherServer
     suite = work/"suite"

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from composer_replication.ingestion.claude_code import ClaudeCodeIngester
-from composer_replication.task_suite import (CLAUDE_CODE_TOOLS, SCENARIOS, SPLITS, SUITE_TEACHERS, TASKS, _COMPAT, action_matches,
-                                             error_sites, load_expected, make_session, make_task_suite, suite_names, suite_policies)
+from composer_replication.task_suite import (CLAUDE_CODE_TOOLS, SCENARIOS, SPLITS, TASKS, _COMPAT, action_matches,
+                                             error_sites, load_expected, make_session, make_task_suite, suite_names)
+from composer_replication.task_suite_teachers import SUITE_TEACHERS, suite_policies
 from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace
 from composer_replication.teacher_server import TeacherServer
 

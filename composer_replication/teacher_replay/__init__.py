@@ -110,6 +110,160 @@ def _journaled(r):
     t = r.get("response_text")
     return {**r, "action": as_blocks(t) if isinstance(t, str) and r.get("error") is None else None}
 
+# %% ../../nbs/15g_teacher_replay.ipynb #f3a83b76
+def _checked_options(*, max_concurrency, max_tokens, max_retries, max_reply_bytes, max_tool_calls, max_total_usd, timeout_s, backoff_s,
+                     max_wait_s, client, transport, endpoint, base_url, api_key, provider, stop, # as `replay_trace` got them
+                    ) -> tuple: # (the Provider to send to, tqdm)
+    "Validate `replay_trace`'s options, resolve its endpoint and import what it needs, raising on the first problem."
+    for name, v, lo in (("max_concurrency", max_concurrency, 1), ("max_tokens", max_tokens, 1), ("max_retries", max_retries, 0),
+                        ("max_reply_bytes", max_reply_bytes, 1), ("max_tool_calls", max_tool_calls, 1)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    for name, v in (("max_total_usd", max_total_usd), ("timeout_s", timeout_s), ("backoff_s", backoff_s), ("max_wait_s", max_wait_s)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or (name == "timeout_s" and v == 0):
+            raise ValueError(f"{name} must be a number {'> 0' if name == 'timeout_s' else '>= 0'}, got {v!r}")
+    if client is not None and transport is not None: raise ValueError("pass either client or transport, not both")
+    if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
+        raise ValueError(f'transport must be None, "aiohttp", "httpx" or an httpx transport, got {transport!r}')
+    if endpoint is not None:
+        if not isinstance(endpoint, Provider):
+            raise TypeError(f"endpoint must be a Provider (e.g. OpenAICompatibleProvider(base_url)), got {type(endpoint).__name__}")
+        if base_url is not None or api_key is not None or provider is not None:
+            raise ValueError("pass either endpoint or base_url/api_key/provider, not both (the endpoint holds its URL, key and routing)")
+    ep = endpoint if endpoint is not None else resolve_provider(base_url, api_key, provider)
+    try:
+        import httpx  # noqa: F401
+        import tenacity  # noqa: F401
+        from tqdm import tqdm
+    except ImportError as e:
+        raise ImportError(f"replay_trace needs httpx, tenacity and tqdm ({e.name} is missing): pip install composer-replication") from e
+    if stop is not None and not isinstance(stop, asyncio.Event): raise TypeError(f"stop must be an asyncio.Event, got {type(stop).__name__}")
+    return ep, tqdm
+
+# %% ../../nbs/15g_teacher_replay.ipynb #abb439cf
+def _journaled_so_far(journal:str|Path|None, # the run's journal (None: none)
+                      states:Sequence[TraceState], teachers:Sequence[TeacherSpec], # the trace and teachers (checked)
+                      retry_failed:bool, # False: a pair whose results are all errors counts as answered
+                     ) -> tuple: # (done: {(state_id, slug): row}, prior spend, kept: [((i, j), result)], bad lines, header to write or None)
+    "What the journal already holds: the pairs not to send again, their results, the spend so far and the stamp to write."
+    tix = {t["slug"]: j for j, t in enumerate(teachers)}
+    six = {s["state_id"]: i for i, s in enumerate(states)}
+    done, prior_spent, kept, bad, header = {}, 0.0, [], 0, None
+    if journal is not None: header = journal_header([redact_state(s) for s in states], teachers)   # the trace as sent (redacted)
+    if journal is not None and Path(journal).exists():
+        rows, headers, st = check_journal(journal, states, teachers)   # another run's journal is refused before anything is sent
+        bad = st.bad
+        if bad: _log.warning("%s", st.report(f"journal {journal}"))
+        if headers: header = None                            # stamped already (an older journal gets its stamp now)
+        failed = set()
+        for r in rows:
+            pair = (r["state_id"], r["teacher_slug"])
+            if pair[0] not in six or pair[1] not in tix: continue
+            prior_spent += float(r.get("cost_usd") or 0.0)      # a finite amount >= 0: `scan_journal` skipped any other
+            if r.get("error") is None and isinstance(r.get("response_text"), str): done[pair] = r
+            elif isinstance(r.get("error"), str) and r["error"].startswith(INVALID_ACTION): done.setdefault(pair, r)  # answered
+            else: failed.add(pair)
+        if not retry_failed:
+            for pair in failed - set(done):
+                done[pair] = next(r for r in reversed(rows) if (r["state_id"], r["teacher_slug"]) == pair)
+        kept = [((six[s], tix[t]), _journaled(r)) for (s, t), r in done.items()]
+    return done, prior_spent, kept, bad, header
+
+# %% ../../nbs/15g_teacher_replay.ipynb #f6432371
+async def _send_all(ep:Provider, # where the calls go
+                    jobs:deque, # the `TeacherCall`s to send, in trace order (what is left is not attempted)
+                    redact, scrub, # error-text redaction and the key scrubber
+                    journal:str|Path|None, header:dict|None, prior_spent:float, # the journal, its stamp to write, its spend so far
+                    tqdm, # the progress bar class
+                    *, transport, client, max_concurrency, timeout_s, max_reply_bytes, max_total_usd, max_retries, backoff_s,
+                    max_wait_s, max_tokens, max_tool_calls, progress, stop, # as `replay_trace` got them
+                   ) -> tuple: # (the ReplayRun, its Budget, a JournalWriteError from closing the journal or None)
+    "Send the jobs with up to `max_concurrency` workers over one HTTP client, journaling every result."
+    http = open_http(ep.url, ep.headers(), transport, client, max_concurrency, timeout_s, max_reply_bytes)
+    budget, jr, pbar, jerr = Budget(float(max_total_usd), prior_spent), None, None, None
+    run = ReplayRun(http, ep, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s,
+                    max_tokens, scrub=scrub, max_tool_calls=max_tool_calls)
+    try:
+        run.journal = jr = Journal(journal, scrub(header)) if journal is not None else None
+        if jr is not None and jr.error is not None: run.halted = "journal"   # not even the stamp could be written
+        if progress: run.pbar = pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call")
+        await _work(run, jobs, budget, max_concurrency, stop, timeout_s)
+    finally:
+        if pbar is not None: run.show(); pbar.close()
+        try:
+            if jr is not None: jr.close()
+        except JournalWriteError as e: jerr = e   # raised below, with the results (they are paid for)
+        finally: await http.aclose()
+    return run, budget, jerr
+
+# %% ../../nbs/15g_teacher_replay.ipynb #3802afae
+async def _work(run:ReplayRun, # the run the workers share
+                jobs:deque, # the calls to send
+                budget:Budget, # closed on a stop, so no worker reserves again
+                max_concurrency:int, # workers at most
+                stop:asyncio.Event|None, # set it to stop
+                timeout_s:float, # how long the calls in flight get to finish
+               ):
+    "Run `min(max_concurrency, len(jobs))` workers over the jobs, stopping cleanly on `stop` or a cancellation."
+    workers = [asyncio.ensure_future(run.worker(jobs)) for _ in range(min(max_concurrency, len(jobs)))]
+    everything = asyncio.gather(*workers)
+    try:
+        if stop is None: await everything
+        else:
+            stopped = asyncio.ensure_future(stop.wait())
+            try: await asyncio.wait([everything, stopped], return_when=asyncio.FIRST_COMPLETED)
+            finally: stopped.cancel()
+            if not everything.done():    # asked to stop: send nothing more, wait for the calls in flight and record them
+                run.halted = run.halted or "interrupted"
+                await budget.close()
+                for w in workers: w.cancel()
+                await asyncio.gather(everything, return_exceptions=True)
+                await run.drain(timeout_s)
+    except asyncio.CancelledError:
+        # calls already sent have been paid for: let them finish and record them before giving up
+        # (unless this cancellation interrupts that very wait after a stop: then record them as interrupted at once)
+        again = run.halted == "interrupted"
+        run.halted = run.halted or "cancelled"
+        for w in workers: w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        await run.drain(0 if again else timeout_s)
+        raise
+
+# %% ../../nbs/15g_teacher_replay.ipynb #62593746
+def _replay_results(run:ReplayRun, # the finished run
+                    jobs:deque, # the jobs never taken
+                    kept:list, # ((i, j), result) from the journal
+                    budget:Budget, # what was spent
+                    bad:int, # journal lines skipped
+                    max_total_usd:float, # the cap (for the warning)
+                   ) -> ReplayResults:
+    "The run's `ReplayResults`: journaled and new results in (state, teacher) order, what was not attempted and why it stopped."
+    not_attempted = list(run.not_attempted) + list(jobs)
+    new = [(job.i, res) for job, res in run.results]
+    out = ReplayResults([r for _, r in sorted(kept + new, key=lambda x: x[0])],
+                        not_attempted=[(j.state["state_id"], j.teacher["slug"]) for j in sorted(not_attempted, key=lambda j: j.i)],
+                        spent_usd=budget.spent, stopped=run.halted, from_journal=len(kept), bad_journal_lines=bad)
+    if out.not_attempted and run.halted == "budget":
+        _log.warning("max_total_usd=%g reached: %d call(s) over %d state(s) not attempted, from state %r on",
+                     max_total_usd, len(out.not_attempted), len(out.states_not_attempted), out.not_attempted[0][0])
+    return out
+
+# %% ../../nbs/15g_teacher_replay.ipynb #2e7beede
+def _raise_if_failed(out:ReplayResults, # the run's results
+                     run:ReplayRun, # the finished run (`fatal`: the fatal error and its call, if any)
+                     jerr:JournalWriteError|None, # the journal's failure on closing, if any
+                     redact, # error-text redaction
+                     journal:str|Path|None, # the journal (named in the message)
+                    ):
+    "Raise `JournalWriteError` for a failed journal, else `TeacherReplayError` for a fatal answer, each carrying the results."
+    if jerr is not None:
+        e = JournalWriteError(f"{redact(jerr)}; the run stopped before sending another call: {out.summary()}")
+        e.results = out
+        raise e
+    if run.fatal is not None:
+        e, job = run.fatal
+        raise TeacherReplayError(f"{e}; run stopped: {out.summary()}" + (f" (journal: {journal})" if journal else ""),
+                                 status=e.status, teacher_slug=job.teacher["slug"], results=out)
+
 # %% ../../nbs/15g_teacher_replay.ipynb #90275bc2
 async def replay_trace(
     states:Sequence[TraceState], # the frozen trace, one entry per assistant turn
@@ -140,28 +294,10 @@ async def replay_trace(
 ) -> ReplayResults: # TeacherCallResults in (state, teacher) order, with not_attempted / spent_usd / stopped
     "Ask every teacher for the next action at every state, in parallel, without ever exceeding `max_total_usd`."
     states, teachers = check_states(states), check_teachers(teachers)
-    for name, v, lo in (("max_concurrency", max_concurrency, 1), ("max_tokens", max_tokens, 1), ("max_retries", max_retries, 0),
-                        ("max_reply_bytes", max_reply_bytes, 1), ("max_tool_calls", max_tool_calls, 1)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    for name, v in (("max_total_usd", max_total_usd), ("timeout_s", timeout_s), ("backoff_s", backoff_s), ("max_wait_s", max_wait_s)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0 or (name == "timeout_s" and v == 0):
-            raise ValueError(f"{name} must be a number {'> 0' if name == 'timeout_s' else '>= 0'}, got {v!r}")
-    if client is not None and transport is not None: raise ValueError("pass either client or transport, not both")
-    if isinstance(transport, str) and transport not in ("aiohttp", "httpx"):
-        raise ValueError(f'transport must be None, "aiohttp", "httpx" or an httpx transport, got {transport!r}')
-    if endpoint is not None:
-        if not isinstance(endpoint, Provider):
-            raise TypeError(f"endpoint must be a Provider (e.g. OpenAICompatibleProvider(base_url)), got {type(endpoint).__name__}")
-        if base_url is not None or api_key is not None or provider is not None:
-            raise ValueError("pass either endpoint or base_url/api_key/provider, not both (the endpoint holds its URL, key and routing)")
-    ep = endpoint if endpoint is not None else resolve_provider(base_url, api_key, provider)
-    try:
-        import httpx  # noqa: F401
-        import tenacity  # noqa: F401
-        from tqdm import tqdm
-    except ImportError as e:
-        raise ImportError(f"replay_trace needs httpx, tenacity and tqdm ({e.name} is missing): pip install composer-replication") from e
-    if stop is not None and not isinstance(stop, asyncio.Event): raise TypeError(f"stop must be an asyncio.Event, got {type(stop).__name__}")
+    ep, tqdm = _checked_options(max_concurrency=max_concurrency, max_tokens=max_tokens, max_retries=max_retries, max_reply_bytes=max_reply_bytes,
+                                max_tool_calls=max_tool_calls, max_total_usd=max_total_usd, timeout_s=timeout_s, backoff_s=backoff_s,
+                                max_wait_s=max_wait_s, client=client, transport=transport, endpoint=endpoint, base_url=base_url,
+                                api_key=api_key, provider=provider, stop=stop)
     scrub = key_scrubber(ep.api_key)            # the key, encoded or cut, out of everything sent back or written
     def redact(x): return scrub(redact_secrets(str(x)))
     # what is sent is redacted again: the states may come from an older version, or be written by hand
@@ -169,84 +305,15 @@ async def replay_trace(
     if journal is not None and Path(journal).exists(): check_journal(journal, states, teachers)   # another run's journal: refused before the lock is touched
     # one process per journal: a second one gets JournalBusy before it sends or writes anything
     with (journal_lock(journal) if journal is not None else contextlib.nullcontext()):
-        # what the journal already holds
-        tix = {t["slug"]: j for j, t in enumerate(teachers)}
-        six = {s["state_id"]: i for i, s in enumerate(states)}
-        done, prior_spent, kept, bad, header = {}, 0.0, [], 0, None
-        if journal is not None: header = journal_header([redact_state(s) for s in states], teachers)   # the trace as sent (redacted)
-        if journal is not None and Path(journal).exists():
-            rows, headers, st = check_journal(journal, states, teachers)   # another run's journal is refused before anything is sent
-            bad = st.bad
-            if bad: _log.warning("%s", st.report(f"journal {journal}"))
-            if headers: header = None                            # stamped already (an older journal gets its stamp now)
-            failed = set()
-            for r in rows:
-                pair = (r["state_id"], r["teacher_slug"])
-                if pair[0] not in six or pair[1] not in tix: continue
-                prior_spent += float(r.get("cost_usd") or 0.0)      # a finite amount >= 0: `scan_journal` skipped any other
-                if r.get("error") is None and isinstance(r.get("response_text"), str): done[pair] = r
-                elif isinstance(r.get("error"), str) and r["error"].startswith(INVALID_ACTION): done.setdefault(pair, r)  # answered
-                else: failed.add(pair)
-            if not retry_failed:
-                for pair in failed - set(done):
-                    done[pair] = next(r for r in reversed(rows) if (r["state_id"], r["teacher_slug"]) == pair)
-            kept = [((six[s], tix[t]), _journaled(r)) for (s, t), r in done.items()]
-
+        done, prior_spent, kept, bad, header = _journaled_so_far(journal, states, teachers, retry_failed)
         jobs = deque(TeacherCall((i, j), states[i], teachers[j], body, worst_case_usd(len(body), teachers[j], max_tokens))
                      for i, j, body in request_bodies(states, teachers, ep, max_tokens=max_tokens, tools=tools, instruction=instruction,
                                                       extra_body=extra_body, skip=done))
-
-        http = open_http(ep.url, ep.headers(), transport, client, max_concurrency, timeout_s, max_reply_bytes)
-        budget, jr, pbar, jerr = Budget(float(max_total_usd), prior_spent), None, None, None
-        run = ReplayRun(http, ep, redact, budget, None, None, {"max_retries": max_retries, "backoff_s": backoff_s}, max_wait_s,
-                        max_tokens, scrub=scrub, max_tool_calls=max_tool_calls)
-        try:
-            run.journal = jr = Journal(journal, scrub(header)) if journal is not None else None
-            if jr is not None and jr.error is not None: run.halted = "journal"   # not even the stamp could be written
-            if progress: run.pbar = pbar = tqdm(total=len(jobs), desc="teacher replay", unit="call")
-            workers = [asyncio.ensure_future(run.worker(jobs)) for _ in range(min(max_concurrency, len(jobs)))]
-            everything = asyncio.gather(*workers)
-            try:
-                if stop is None: await everything
-                else:
-                    stopped = asyncio.ensure_future(stop.wait())
-                    try: await asyncio.wait([everything, stopped], return_when=asyncio.FIRST_COMPLETED)
-                    finally: stopped.cancel()
-                    if not everything.done():    # asked to stop: send nothing more, wait for the calls in flight and record them
-                        run.halted = run.halted or "interrupted"
-                        await budget.close()
-                        for w in workers: w.cancel()
-                        await asyncio.gather(everything, return_exceptions=True)
-                        await run.drain(timeout_s)
-            except asyncio.CancelledError:
-                # calls already sent have been paid for: let them finish and record them before giving up
-                # (unless this cancellation interrupts that very wait after a stop: then record them as interrupted at once)
-                again = run.halted == "interrupted"
-                run.halted = run.halted or "cancelled"
-                for w in workers: w.cancel()
-                await asyncio.gather(*workers, return_exceptions=True)
-                await run.drain(0 if again else timeout_s)
-                raise
-        finally:
-            if pbar is not None: run.show(); pbar.close()
-            try:
-                if jr is not None: jr.close()
-            except JournalWriteError as e: jerr = e   # raised below, with the results (they are paid for)
-            finally: await http.aclose()
-        not_attempted = list(run.not_attempted) + list(jobs)
-        new = [(job.i, res) for job, res in run.results]
-        out = ReplayResults([r for _, r in sorted(kept + new, key=lambda x: x[0])],
-                            not_attempted=[(j.state["state_id"], j.teacher["slug"]) for j in sorted(not_attempted, key=lambda j: j.i)],
-                            spent_usd=budget.spent, stopped=run.halted, from_journal=len(kept), bad_journal_lines=bad)
-        if out.not_attempted and run.halted == "budget":
-            _log.warning("max_total_usd=%g reached: %d call(s) over %d state(s) not attempted, from state %r on",
-                         max_total_usd, len(out.not_attempted), len(out.states_not_attempted), out.not_attempted[0][0])
-        if jerr is not None:
-            e = JournalWriteError(f"{redact(jerr)}; the run stopped before sending another call: {out.summary()}")
-            e.results = out
-            raise e
-        if run.fatal is not None:
-            e, job = run.fatal
-            raise TeacherReplayError(f"{e}; run stopped: {out.summary()}" + (f" (journal: {journal})" if journal else ""),
-                                     status=e.status, teacher_slug=job.teacher["slug"], results=out)
+        run, budget, jerr = await _send_all(ep, jobs, redact, scrub, journal, header, prior_spent, tqdm, transport=transport, client=client,
+                                            max_concurrency=max_concurrency, timeout_s=timeout_s, max_reply_bytes=max_reply_bytes,
+                                            max_total_usd=max_total_usd, max_retries=max_retries, backoff_s=backoff_s,
+                                            max_wait_s=max_wait_s, max_tokens=max_tokens, max_tool_calls=max_tool_calls,
+                                            progress=progress, stop=stop)
+        out = _replay_results(run, jobs, kept, budget, bad, max_total_usd)
+        _raise_if_failed(out, run, jerr, redact, journal)
         return out

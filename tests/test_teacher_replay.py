@@ -189,18 +189,19 @@ def test_failed_pairs_are_retried_on_rerun_unless_told_not_to(tmp_path):
 
 
 @pytest.mark.parametrize("failure,wait", [
-    (Failure.rate_limited(0.3), 0.3),                                   # Retry-After header
-    (Failure.rate_limited(0.3, in_body=True), 0.3),                     # error.metadata.headers (OpenRouter upstream)
-    (Failure(429, reset_in_s=0.4, in_body=True), 0.4),                  # X-RateLimit-Reset, epoch ms, in the body
-    (Failure(503, reset_in_s=0.4), 0.4),                                # X-RateLimit-Reset header on a 503
-    (Failure(402, retry_after=0.2), 0.2),                               # 402 *with* Retry-After is retried
+    (Failure.rate_limited(0.9), 0.9),                                   # Retry-After header
+    (Failure.rate_limited(0.9, in_body=True), 0.9),                     # error.metadata.headers (OpenRouter upstream)
+    (Failure(429, reset_in_s=1.2, in_body=True), 1.2),                  # X-RateLimit-Reset, epoch ms, in the body
+    (Failure(503, reset_in_s=1.2), 1.2),                                # X-RateLimit-Reset header on a 503
+    (Failure(402, retry_after=0.6), 0.6),                               # 402 *with* Retry-After is retried
 ])
 def test_retry_after_is_honoured(failure, wait):
     with TeacherServer({"t/0": ModelPolicy(reply="ok", failures=[failure])}) as srv:
         res = run(replay_trace(make_states(1), teachers([(1, 1)]), base_url=srv.url, backoff_s=0.001, progress=False))
         t = [e["t"] for e in srv.log]
     assert res[0]["response_text"] == "ok" and len(t) == 2
-    assert wait - 0.01 <= t[1] - t[0] <= wait * 1.1 + 0.15, t[1] - t[0]
+    # at least the asked wait (not the 1 ms back-off), and less than twice it: the slack is for a loaded machine's scheduling
+    assert wait - 0.01 <= t[1] - t[0] <= wait * 1.3 + 0.5, t[1] - t[0]
 
 
 def test_too_long_retry_after_fails_the_call_without_waiting():

@@ -70,6 +70,23 @@ def _check_finite(t:torch.Tensor, what:str):
         n_nan = int(torch.isnan(t).sum())
         raise ValueError(f"{what} with non-finite values ({n_nan} NaN, {int(bad.sum()) - n_nan} inf of {t.numel()}): refusing to average them")
 
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #5c1e0023
+def _check_allreduce_args(uri, rank, world_size, round_id, timeout_s, poll_interval_s, run_id) -> str:
+    "`uri` as a str (a path converted); a TypeError/ValueError naming the first bad argument."
+    if isinstance(uri, os.PathLike): uri = os.fspath(uri)
+    if not isinstance(uri, str) or not uri: raise TypeError(f"uri must be a non-empty string or path, got {uri!r}")
+    for nm, v in (("rank", rank), ("world_size", world_size)):
+        if not isinstance(v, int) or isinstance(v, bool): raise TypeError(f"{nm} must be an int, got {v!r}")
+    if world_size < 1: raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if not 0 <= rank < world_size: raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
+    if round_id is not None and (not isinstance(round_id, int) or isinstance(round_id, bool) or round_id < 0):
+        raise ValueError(f"round_id must be None or an int >= 0, got {round_id!r}")
+    for nm, v in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s)):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0: raise ValueError(f"{nm} must be a number > 0, got {v!r}")
+    if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
+        raise ValueError(f"run_id must be None or 1-64 letters, digits, '_', '-' or '.' (starting with a letter or digit), got {run_id!r:.80}")
+    return uri
+
 # %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #0c06c86c
 class ObjectStoreAllReduce:
     "Average a tensor across `world_size` replicas through safetensors files in an fsspec store; one round per call."
@@ -85,18 +102,7 @@ class ObjectStoreAllReduce:
                  storage_options:dict|None=None, # extra fsspec options (credentials, `endpoint_url`, ...)
                  run_id:str|None=None, # this run's id, the same on every replica (executors pass their launch id): files live under `run_<id>/` and carry it
                 ):
-        if isinstance(uri, os.PathLike): uri = os.fspath(uri)
-        if not isinstance(uri, str) or not uri: raise TypeError(f"uri must be a non-empty string or path, got {uri!r}")
-        for nm, v in (("rank", rank), ("world_size", world_size)):
-            if not isinstance(v, int) or isinstance(v, bool): raise TypeError(f"{nm} must be an int, got {v!r}")
-        if world_size < 1: raise ValueError(f"world_size must be >= 1, got {world_size}")
-        if not 0 <= rank < world_size: raise ValueError(f"rank must be in [0, world_size={world_size}), got {rank}")
-        if round_id is not None and (not isinstance(round_id, int) or isinstance(round_id, bool) or round_id < 0):
-            raise ValueError(f"round_id must be None or an int >= 0, got {round_id!r}")
-        for nm, v in (("timeout_s", timeout_s), ("poll_interval_s", poll_interval_s)):
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0: raise ValueError(f"{nm} must be a number > 0, got {v!r}")
-        if run_id is not None and (not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id)):
-            raise ValueError(f"run_id must be None or 1-64 letters, digits, '_', '-' or '.' (starting with a letter or digit), got {run_id!r:.80}")
+        uri = _check_allreduce_args(uri, rank, world_size, round_id, timeout_s, poll_interval_s, run_id)
         from fsspec.implementations.local import LocalFileSystem
         self.uri = uri if uri.endswith("/") else uri + "/"
         self.rank, self.world_size = rank, world_size
@@ -119,40 +125,48 @@ class ObjectStoreAllReduce:
         run = f", run_id={self.run_id!r}" if self.run_id is not None else ""
         return f"ObjectStoreAllReduce({self.uri!r}, rank={self.rank}, world_size={self.world_size}, round_id={self._round_counter}{run})"
 
-    def allreduce(self,
-                  tensor:torch.Tensor, # floating-point tensor of the same shape and dtype on every rank; overwritten with the mean
-                  *,
-                  name:str|None=None, # tensor name stored in the file; peers must use the same name in the same round
-                  op:str="avg", # "avg" (the reference's behaviour) or "sum"
-                 ) -> torch.Tensor:
-        "Replace `tensor` in place by its mean (or sum) over all ranks, bit-identical on every rank; return it."
-        if not isinstance(tensor, torch.Tensor): raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
-        if not tensor.is_floating_point(): raise TypeError(f"allreduce needs a floating-point tensor, got dtype {tensor.dtype}")
-        if op not in ("avg", "sum"): raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
-        key = "tensor" if name is None else name
-        if not isinstance(key, str) or not key: raise ValueError(f"name must be a non-empty string, got {name!r}")
-        r, W = self._round_counter, self.world_size
-        mine = tensor.detach().cpu().contiguous()
-        meta = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(self.rank), "world_size": str(W), "name": key}
-        if self._fresh: self._check_fresh(); self._fresh = False
-        self._put(self._rank_path(r, self.rank), {key: mine}, meta)  # posted even when non-finite, so every peer refuses it too
-        _check_finite(mine, f"round {r}: rank {self.rank} (this replica) has '{key}'")
-        parts = self._gather(r, key, mine)
-        out = tensor.detach()
-        direct = out.device.type == "cpu" and out.is_contiguous()  # write the result straight into the tensor
-        flat = out.view(-1) if direct else torch.empty(mine.numel(), dtype=mine.dtype)
-        srcs, n = [parts[k].reshape(-1) for k in range(W)], flat.numel()
-        acc_buf, tmp_buf = torch.empty(min(n, _CHUNK), dtype=torch.float64), torch.empty(min(n, _CHUNK), dtype=torch.float64)
-        for i in range(0, n, _CHUNK):  # chunk i is read from every rank before it is written (mine may alias tensor)
-            m = min(_CHUNK, n - i); acc, tmp = acc_buf[:m], tmp_buf[:m]  # no allocation inside the loop
-            acc.copy_(srcs[0][i:i+m])
-            for src in srcs[1:]: tmp.copy_(src[i:i+m]); acc.add_(tmp)  # fixed rank order, float64: identical bits on every rank
-            if op == "avg": acc.div_(W)
-            flat[i:i+m].copy_(acc)  # rounds once to the tensor's dtype
-        if not direct: out.copy_(flat.view(mine.shape))  # to the tensor's device / layout
-        self._round_counter = r + 1
-        if r > 0: self._delete_own(r - 1)
-        return tensor
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #1276fb9d
+@patch
+def allreduce(self:ObjectStoreAllReduce,
+              tensor:torch.Tensor, # floating-point tensor of the same shape and dtype on every rank; overwritten with the mean
+              *,
+              name:str|None=None, # tensor name stored in the file; peers must use the same name in the same round
+              op:str="avg", # "avg" (the reference's behaviour) or "sum"
+             ) -> torch.Tensor:
+    "Replace `tensor` in place by its mean (or sum) over all ranks, bit-identical on every rank; return it."
+    if not isinstance(tensor, torch.Tensor): raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point(): raise TypeError(f"allreduce needs a floating-point tensor, got dtype {tensor.dtype}")
+    if op not in ("avg", "sum"): raise ValueError(f"op must be 'avg' or 'sum', got {op!r}")
+    key = "tensor" if name is None else name
+    if not isinstance(key, str) or not key: raise ValueError(f"name must be a non-empty string, got {name!r}")
+    r, W = self._round_counter, self.world_size
+    mine = tensor.detach().cpu().contiguous()
+    meta = {"format": _FORMAT, "run": self.run_id or "", "round": str(r), "rank": str(self.rank), "world_size": str(W), "name": key}
+    if self._fresh: self._check_fresh(); self._fresh = False
+    self._put(self._rank_path(r, self.rank), {key: mine}, meta)  # posted even when non-finite, so every peer refuses it too
+    _check_finite(mine, f"round {r}: rank {self.rank} (this replica) has '{key}'")
+    parts = self._gather(r, key, mine)
+    _reduce_into(tensor, mine, [parts[k] for k in range(W)], op)
+    self._round_counter = r + 1
+    if r > 0: self._delete_own(r - 1)
+    return tensor
+
+# %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #601ddde0
+def _reduce_into(tensor:torch.Tensor, mine:torch.Tensor, parts:list[torch.Tensor], op:str):
+    "Overwrite `tensor` with the float64 sum (or mean) of `parts` in rank order; `mine` is this rank's CPU copy of it."
+    W = len(parts)
+    out = tensor.detach()
+    direct = out.device.type == "cpu" and out.is_contiguous()  # write the result straight into the tensor
+    flat = out.view(-1) if direct else torch.empty(mine.numel(), dtype=mine.dtype)
+    srcs, n = [p.reshape(-1) for p in parts], flat.numel()
+    acc_buf, tmp_buf = torch.empty(min(n, _CHUNK), dtype=torch.float64), torch.empty(min(n, _CHUNK), dtype=torch.float64)
+    for i in range(0, n, _CHUNK):  # chunk i is read from every rank before it is written (mine may alias tensor)
+        m = min(_CHUNK, n - i); acc, tmp = acc_buf[:m], tmp_buf[:m]  # no allocation inside the loop
+        acc.copy_(srcs[0][i:i+m])
+        for src in srcs[1:]: tmp.copy_(src[i:i+m]); acc.add_(tmp)  # fixed rank order, float64: identical bits on every rank
+        if op == "avg": acc.div_(W)
+        flat[i:i+m].copy_(acc)  # rounds once to the tensor's dtype
+    if not direct: out.copy_(flat.view(mine.shape))  # to the tensor's device / layout
 
 # %% ../../../nbs/31_diloco.serverless.allreduce.ipynb #7a8721d6
 @patch

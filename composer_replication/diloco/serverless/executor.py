@@ -180,77 +180,100 @@ class LocalProcessExecutor:
         ref = weakref.ref(self)
         atexit.register(lambda: (ex := ref()) is not None and ex._shutdown())  # never leave replicas (or a temporary log dir) behind
 
-    def launch_replicas(self,
-                        n_replicas:int, # how many replicas (ranks 0..n-1)
-                        entrypoint:str|Callable[..., Any], # module path (its `main`), 'module.function', 'module:function', or an importable function
-                        entrypoint_args:Mapping[str, Any], # keyword arguments for the entry point; `rank_env` (default "REPLICA_RANK") is taken out
-                        *,
-                        gpu:str|None=None, # ignored locally (processes share the visible GPUs), with a warning
-                        timeout:float|None=3600, # seconds a replica may run before it is killed and reported failed (None: no limit)
-                       ) -> list[ReplicaHandle]:
-        "Start `n_replicas` processes running `entrypoint(**entrypoint_args)` with their rank in `$REPLICA_RANK`; return handles in rank order."
-        if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
-            raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
-        if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
-        kwargs = dict(entrypoint_args)
-        rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
-        if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
-        if gpu is not None:
-            warnings.warn(f"LocalProcessExecutor ignores gpu={gpu!r}: local replicas share whatever GPUs are visible", stacklevel=2)
-        if callable(entrypoint):
-            mod = getattr(entrypoint, "__module__", None)
-            if mod in (None, "__main__") or "<lambda>" in getattr(entrypoint, "__qualname__", "") or "<locals>" in getattr(entrypoint, "__qualname__", ""):
-                raise ValueError(f"entrypoint {entrypoint!r} is not importable by a spawned process: define it at module level in an "
-                                 "importable module, or pass its 'module.function' path")
-        else: resolve_entrypoint(entrypoint)  # fail here, once, on a typo
-        try: pickle.dumps((entrypoint, kwargs))
-        except Exception as e: raise ValueError(f"entrypoint and entrypoint_args must be picklable for a spawned process: {e}") from e
-        launch = uuid.uuid4().hex[:8]; handles = []
-        for rank in range(n_replicas):
-            log_path = str(self.log_dir / f"{launch}-rank{rank}.log")
-            reader, writer = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_replica_main, args=(rank, rank_env, entrypoint, kwargs, log_path, writer, launch),
-                                     name=f"replica-{launch}-{rank}", daemon=False)
-            proc.start(); writer.close()  # the child holds the only write end: EOF when it dies
-            h = ReplicaHandle(rank, self.backend_name, {"pid": proc.pid, "start_ts": time.time(), "log_path": log_path, "key": f"{launch}/{rank}"})
-            run = _Run(h, proc, reader, timeout)
-            if timeout is not None:
-                run.timer = threading.Timer(timeout, self._expire, args=(run,)); run.timer.daemon = True; run.timer.start()
-            self._runs[h.metadata["key"]] = run; handles.append(h)
-        return handles
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #2cc3603a
+def _launch_kwargs(n_replicas, entrypoint_args, timeout) -> tuple[dict, str]:
+    "The entry point's keyword arguments without `rank_env`, and the rank variable's name; a ValueError/TypeError for a bad argument."
+    if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
+        raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
+    if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+    kwargs = dict(entrypoint_args)
+    rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
+    if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
+    return kwargs, rank_env
 
-    def poll(self, handle:ReplicaHandle) -> str:
-        "The replica's state: 'pending', 'running', 'succeeded', 'failed' or 'cancelled'."
+def _check_spawnable(entrypoint, kwargs:dict):
+    "Refuse an entry point a spawned process cannot import by reference, and arguments it cannot receive pickled."
+    if callable(entrypoint):
+        mod = getattr(entrypoint, "__module__", None)
+        if mod in (None, "__main__") or "<lambda>" in getattr(entrypoint, "__qualname__", "") or "<locals>" in getattr(entrypoint, "__qualname__", ""):
+            raise ValueError(f"entrypoint {entrypoint!r} is not importable by a spawned process: define it at module level in an "
+                             "importable module, or pass its 'module.function' path")
+    else: resolve_entrypoint(entrypoint)  # fail here, once, on a typo
+    try: pickle.dumps((entrypoint, kwargs))
+    except Exception as e: raise ValueError(f"entrypoint and entrypoint_args must be picklable for a spawned process: {e}") from e
+
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #f790e0ff
+@patch
+def launch_replicas(self:LocalProcessExecutor,
+                    n_replicas:int, # how many replicas (ranks 0..n-1)
+                    entrypoint:str|Callable[..., Any], # module path (its `main`), 'module.function', 'module:function', or an importable function
+                    entrypoint_args:Mapping[str, Any], # keyword arguments for the entry point; `rank_env` (default "REPLICA_RANK") is taken out
+                    *,
+                    gpu:str|None=None, # ignored locally (processes share the visible GPUs), with a warning
+                    timeout:float|None=3600, # seconds a replica may run before it is killed and reported failed (None: no limit)
+                   ) -> list[ReplicaHandle]:
+    "Start `n_replicas` processes running `entrypoint(**entrypoint_args)` with their rank in `$REPLICA_RANK`; return handles in rank order."
+    kwargs, rank_env = _launch_kwargs(n_replicas, entrypoint_args, timeout)
+    if gpu is not None:
+        warnings.warn(f"LocalProcessExecutor ignores gpu={gpu!r}: local replicas share whatever GPUs are visible", stacklevel=2)
+    _check_spawnable(entrypoint, kwargs)
+    launch = uuid.uuid4().hex[:8]
+    return [self._start(launch, rank, rank_env, entrypoint, kwargs, timeout) for rank in range(n_replicas)]
+
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #61f20a75
+@patch
+def _start(self:LocalProcessExecutor, launch:str, rank:int, rank_env:str, entrypoint, kwargs:dict, timeout:float|None) -> ReplicaHandle:
+    "Spawn rank `rank` of launch `launch`, record its run (and its timeout timer); its handle."
+    log_path = str(self.log_dir / f"{launch}-rank{rank}.log")
+    reader, writer = self._ctx.Pipe(duplex=False)
+    proc = self._ctx.Process(target=_replica_main, args=(rank, rank_env, entrypoint, kwargs, log_path, writer, launch),
+                             name=f"replica-{launch}-{rank}", daemon=False)
+    proc.start(); writer.close()  # the child holds the only write end: EOF when it dies
+    h = ReplicaHandle(rank, self.backend_name, {"pid": proc.pid, "start_ts": time.time(), "log_path": log_path, "key": f"{launch}/{rank}"})
+    run = _Run(h, proc, reader, timeout)
+    if timeout is not None:
+        run.timer = threading.Timer(timeout, self._expire, args=(run,)); run.timer.daemon = True; run.timer.start()
+    self._runs[h.metadata["key"]] = run
+    return h
+
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #d3ba3ed2
+@patch
+def poll(self:LocalProcessExecutor, handle:ReplicaHandle) -> str:
+    "The replica's state: 'pending', 'running', 'succeeded', 'failed' or 'cancelled'."
+    run = self._refresh(self._run(handle))
+    return "pending" if run.status == "running" and run.proc.pid is None else run.status
+
+@patch
+def stream_logs(self:LocalProcessExecutor, handle:ReplicaHandle, *, n_lines:int=200) -> str:
+    "The last `n_lines` lines the replica wrote to stdout or stderr."
+    return _tail(self._run(handle).handle.metadata["log_path"], n_lines)
+
+@patch
+def cancel(self:LocalProcessExecutor, handle:ReplicaHandle) -> None:
+    "Stop the replica (and its children) if it is still running."
+    with self._lock:
         run = self._refresh(self._run(handle))
-        return "pending" if run.status == "running" and run.proc.pid is None else run.status
+        if not run.done: run.cancelled = True; self._kill(run); self._refresh(run)
 
-    def stream_logs(self, handle:ReplicaHandle, *, n_lines:int=200) -> str:
-        "The last `n_lines` lines the replica wrote to stdout or stderr."
-        return _tail(self._run(handle).handle.metadata["log_path"], n_lines)
-
-    def cancel(self, handle:ReplicaHandle) -> None:
-        "Stop the replica (and its children) if it is still running."
-        with self._lock:
-            run = self._refresh(self._run(handle))
-            if not run.done: run.cancelled = True; self._kill(run); self._refresh(run)
-
-    def collect(self,
-                handles:list[ReplicaHandle], # from `launch_replicas`
-                *,
-                timeout:float|None=None, # seconds to wait for all of them; None waits until every replica has finished
-               ) -> list[dict[str, Any]]:
-        "Wait for the replicas (at most `timeout` s) and return one dict per handle: rank, status, exit_code, error, result."
-        runs = [self._run(h) for h in handles]
-        wait_for_replicas(lambda: [r for r in runs if not self._refresh(r).done],
-                          lambda pending, s: mp.connection.wait([r.proc.sentinel for r in pending], timeout=s), timeout, 0.5)
-        out = []
-        for r in runs:
-            d = {"rank": r.handle.rank, "status": r.status, "exit_code": r.exit_code, "error": r.error, "result": r.result}
-            if not r.done: d["error"] = f"still running when collect(timeout={timeout:g}) returned"
-            out.append(d)
-        return out
+# %% ../../../nbs/32_diloco.serverless.executor.ipynb #d3034f81
+@patch
+def collect(self:LocalProcessExecutor,
+            handles:list[ReplicaHandle], # from `launch_replicas`
+            *,
+            timeout:float|None=None, # seconds to wait for all of them; None waits until every replica has finished
+           ) -> list[dict[str, Any]]:
+    "Wait for the replicas (at most `timeout` s) and return one dict per handle: rank, status, exit_code, error, result."
+    runs = [self._run(h) for h in handles]
+    wait_for_replicas(lambda: [r for r in runs if not self._refresh(r).done],
+                      lambda pending, s: mp.connection.wait([r.proc.sentinel for r in pending], timeout=s), timeout, 0.5)
+    out = []
+    for r in runs:
+        d = {"rank": r.handle.rank, "status": r.status, "exit_code": r.exit_code, "error": r.error, "result": r.result}
+        if not r.done: d["error"] = f"still running when collect(timeout={timeout:g}) returned"
+        out.append(d)
+    return out
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #ce23ed3d
 @patch

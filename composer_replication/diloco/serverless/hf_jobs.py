@@ -256,49 +256,55 @@ class _JobsHubStandIn:
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
-    def close(self):
-        "Kill every job still running, stop the server, remove the logs, restore the client's offline flag."
-        import shutil, signal
-        from huggingface_hub import constants
-        if self.server is None: return
-        constants.HF_HUB_OFFLINE = self._offline
-        for j in list(self.jobs.values()):
-            p = j["proc"]
-            if p.poll() is None:
-                try: os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError: pass
-                p.wait()
-        self.server.shutdown(); self.server.server_close(); self.server = None; shutil.rmtree(self.log_dir, ignore_errors=True)
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #3671c322
+@patch
+def close(self:_JobsHubStandIn):
+    "Kill every job still running, stop the server, remove the logs, restore the client's offline flag."
+    import shutil, signal
+    from huggingface_hub import constants
+    if self.server is None: return
+    constants.HF_HUB_OFFLINE = self._offline
+    for j in list(self.jobs.values()):
+        p = j["proc"]
+        if p.poll() is None:
+            try: os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError: pass
+            p.wait()
+    self.server.shutdown(); self.server.server_close(); self.server = None; shutil.rmtree(self.log_dir, ignore_errors=True)
 
-    def _start(self, spec:dict) -> dict:
-        import subprocess, threading
-        jid = uuid.uuid4().hex[:24]
-        log = os.path.join(self.log_dir, f"{jid}.log")
-        env = {**os.environ, **self.extra_env, **{k: str(v) for k, v in (spec.get("environment") or {}).items()},
-               **{k: str(v) for k, v in (spec.get("secrets") or {}).items()}}
-        with open(log, "wb") as f:
-            proc = subprocess.Popen(list(spec["command"]) + list(spec.get("arguments") or []), stdout=f, stderr=subprocess.STDOUT, env=env,
-                                    cwd=self.cwd, start_new_session=True)
-        job = {"id": jid, "spec": spec, "proc": proc, "log": log, "created": time.time(), "cancelled": False, "timed_out": False}
-        if spec.get("timeoutSeconds"):
-            t = threading.Timer(spec["timeoutSeconds"], self._kill, args=(job, "timed_out")); t.daemon = True; t.start()
-        with self.lock: self.jobs[jid] = job
-        return job
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #243e0bb0
+@patch
+def _start(self:_JobsHubStandIn, spec:dict) -> dict:
+    import subprocess, threading
+    jid = uuid.uuid4().hex[:24]
+    log = os.path.join(self.log_dir, f"{jid}.log")
+    env = {**os.environ, **self.extra_env, **{k: str(v) for k, v in (spec.get("environment") or {}).items()},
+           **{k: str(v) for k, v in (spec.get("secrets") or {}).items()}}
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(list(spec["command"]) + list(spec.get("arguments") or []), stdout=f, stderr=subprocess.STDOUT, env=env,
+                                cwd=self.cwd, start_new_session=True)
+    job = {"id": jid, "spec": spec, "proc": proc, "log": log, "created": time.time(), "cancelled": False, "timed_out": False}
+    if spec.get("timeoutSeconds"):
+        t = threading.Timer(spec["timeoutSeconds"], self._kill, args=(job, "timed_out")); t.daemon = True; t.start()
+    with self.lock: self.jobs[jid] = job
+    return job
 
-    def _info(self, job:dict) -> dict:
-        import datetime as dt
-        iso = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
-        rc = job["proc"].poll()
-        if job["cancelled"]: stage, msg = "CANCELED", "canceled by user"
-        elif rc is None: stage, msg = "RUNNING", None
-        elif job["timed_out"]: stage, msg = "ERROR", "Job timed out"
-        elif rc == 0: stage, msg = "COMPLETED", None
-        else: stage, msg = "ERROR", f"Job failed with exit code: {rc}"
-        s = job["spec"]
-        return {"id": job["id"], "createdAt": iso(job["created"]), "dockerImage": s.get("dockerImage"), "spaceId": s.get("spaceId"),
-                "command": s["command"], "arguments": s.get("arguments", []), "environment": s.get("environment", {}),
-                "secrets": sorted(s.get("secrets") or {}), "flavor": s.get("flavor"), "labels": s.get("labels"),
-                "status": {"stage": stage, "message": msg}, "owner": {"id": "0" * 24, "name": self.namespace, "type": "user"}}
+# %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #461d5cd1
+@patch
+def _info(self:_JobsHubStandIn, job:dict) -> dict:
+    import datetime as dt
+    iso = lambda t: dt.datetime.fromtimestamp(t, dt.timezone.utc).isoformat().replace("+00:00", "Z")
+    rc = job["proc"].poll()
+    if job["cancelled"]: stage, msg = "CANCELED", "canceled by user"
+    elif rc is None: stage, msg = "RUNNING", None
+    elif job["timed_out"]: stage, msg = "ERROR", "Job timed out"
+    elif rc == 0: stage, msg = "COMPLETED", None
+    else: stage, msg = "ERROR", f"Job failed with exit code: {rc}"
+    s = job["spec"]
+    return {"id": job["id"], "createdAt": iso(job["created"]), "dockerImage": s.get("dockerImage"), "spaceId": s.get("spaceId"),
+            "command": s["command"], "arguments": s.get("arguments", []), "environment": s.get("environment", {}),
+            "secrets": sorted(s.get("secrets") or {}), "flavor": s.get("flavor"), "labels": s.get("labels"),
+            "status": {"stage": stage, "message": msg}, "owner": {"id": "0" * 24, "name": self.namespace, "type": "user"}}
 
 # %% ../../../nbs/35_diloco.serverless.hf_jobs.ipynb #deb214e5
 @patch

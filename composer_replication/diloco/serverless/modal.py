@@ -76,14 +76,7 @@ class ModalExecutor:
                         timeout:int=3600, # seconds each call may run
                        ) -> list[ReplicaHandle]:
         "Spawn the replica function once per rank; return handles in rank order (calls already spawned are cancelled if one fails)."
-        if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
-            raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
-        if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0: raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-        if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()): raise TypeError(f"gpu must be None or a Modal GPU string such as 'A100', got {gpu!r}")
-        kwargs = dict(entrypoint_args)
-        rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
-        if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
+        kwargs, rank_env = _modal_launch_kwargs(n_replicas, entrypoint_args, timeout, gpu)
         ep = entrypoint_path(entrypoint, "a Modal container")
         fn = self.function.with_options(gpu=gpu, timeout=int(timeout)) if gpu is not None else self.function.with_options(timeout=int(timeout))
         launch = uuid.uuid4().hex[:8]; handles: list[ReplicaHandle] = []
@@ -98,13 +91,28 @@ class ModalExecutor:
             raise
         return handles
 
-    def cancel(self, handle:ReplicaHandle) -> None:
-        "Cancel the call and stop its container, if it has not finished."
-        e = self._entry(handle)
-        if self._refresh(e)["status"] in FINAL_STATUSES: return
-        try: e["call"].cancel(terminate_containers=True)
-        except Exception: pass
-        e["status"], e["error"] = "cancelled", "cancelled by the launcher"
+# %% ../../../nbs/36_diloco.serverless.modal.ipynb #30af0768
+def _modal_launch_kwargs(n_replicas, entrypoint_args, timeout, gpu) -> tuple[dict, str]:
+    "The entry point's keyword arguments without `rank_env`, and the rank variable's name; a ValueError/TypeError for a bad argument."
+    if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
+        raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
+    if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0: raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()): raise TypeError(f"gpu must be None or a Modal GPU string such as 'A100', got {gpu!r}")
+    kwargs = dict(entrypoint_args)
+    rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
+    if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
+    return kwargs, rank_env
+
+# %% ../../../nbs/36_diloco.serverless.modal.ipynb #ac3f8f15
+@patch
+def cancel(self:ModalExecutor, handle:ReplicaHandle) -> None:
+    "Cancel the call and stop its container, if it has not finished."
+    e = self._entry(handle)
+    if self._refresh(e)["status"] in FINAL_STATUSES: return
+    try: e["call"].cancel(terminate_containers=True)
+    except Exception: pass
+    e["status"], e["error"] = "cancelled", "cancelled by the launcher"
 
 # %% ../../../nbs/36_diloco.serverless.modal.ipynb #067d02ce
 @patch

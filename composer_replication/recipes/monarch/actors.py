@@ -23,7 +23,7 @@ from .core import (
 from .policy import ENGINES, GeneratorActor, TrainerActor
 _all_ = ["MONARCH_INSTALL", "require_monarch", "local_procs", "call", "spawn_actor", "rollout_examples", "ENGINES", "GeneratorActor", "TrainerActor"]
 
-from fastcore.basics import patch
+from fastcore.basics import patch, patch_to
 
 # %% auto #0
 __all__ = ['check_reward_funcs', 'score_completions', 'RewarderActor', 'TeacherPoolActor', 'local_actors', 'run_actor_loop',
@@ -125,30 +125,7 @@ class TeacherPoolActor(RecipeActor):
         self.max_total_usd, self.agreement_threshold, self.replay_options = c["max_total_usd"], c["agreement_threshold"], c["replay_options"]
         self.journal_dir = c["journal_dir"]
         self._spent: dict[str, float] = {}   # trace key -> spent on it (a journal's total, journaled spend included)
-        if self.journal_dir is not None:
-            from composer_replication.teacher_replay import scan_journal
-            self.journal_dir.mkdir(parents=True, exist_ok=True)
-            for p in sorted(self.journal_dir.glob("*.jsonl")):
-                rows, _, _ = scan_journal(p)
-                self._spent[p.stem] = sum(float(r.get("cost_usd") or 0.0) for r in rows)
-
-    @staticmethod
-    def _check(teachers, base_url, api_key, max_total_usd, journal_dir, agreement_threshold, replay_options) -> dict:
-        from composer_replication.teacher_replay import replay_trace
-        from composer_replication.teacher_replay.protocol import check_teachers
-        teachers = [dict(t) for t in check_teachers(teachers)]
-        if base_url is not None and not isinstance(base_url, str): raise TypeError(f"base_url must be a str or None, got {type(base_url).__name__}")
-        if api_key is not None and not isinstance(api_key, str): raise TypeError(f"api_key must be a str or None, got {type(api_key).__name__}")
-        if journal_dir is not None and not isinstance(journal_dir, (str, os.PathLike)): raise TypeError(f"journal_dir must be a path or None, got {type(journal_dir).__name__}")
-        check_positive_int(agreement_threshold, "agreement_threshold")
-        if not isinstance(replay_options, (abc.Mapping, type(None))): raise TypeError(f"replay_options must be a dict or None, got {type(replay_options).__name__}")
-        opts = dict(replay_options or {})
-        known = set(inspect.signature(replay_trace).parameters) - set(_POOL_OWN)
-        if (own := sorted(set(opts) & set(_POOL_OWN))): raise ValueError(f"replay_options cannot set {own}: the pool sets them (its own arguments)")
-        if (bad := sorted(set(opts) - known)): raise ValueError(f"replay_options has unknown replay_trace option(s) {bad}; known: {sorted(known)}")
-        return dict(teachers=teachers, base_url=base_url, api_key=api_key,
-                    max_total_usd=check_range(max_total_usd, "max_total_usd", 0, math.inf, hi_closed=False),
-                    journal_dir=None if journal_dir is None else Path(journal_dir), agreement_threshold=agreement_threshold, replay_options=opts)
+        if self.journal_dir is not None: self._scan_journals()
 
     @endpoint
     async def spent(self) -> dict:
@@ -161,29 +138,66 @@ class TeacherPoolActor(RecipeActor):
                      states:list[dict], # a trace: TraceStates in order (from an ingester)
                     ) -> dict: # examples, pairs, calls, failed, not_attempted, spent_usd, pool_spent_usd, budget_left_usd, stopped, journal
         "Replay one trace against the teachers within what the pool's budget has left; its TraceExamples with the DPO pairs mined."
-        from composer_replication.teacher_replay import TeacherReplayError, extract_dpo_pairs, replay_trace
+        from composer_replication.teacher_replay import extract_dpo_pairs
         from composer_replication.teacher_replay.protocol import check_states
         from composer_replication.trainer.data_collator import trace_examples_from_states
         states = check_states(states)
         if not states: raise ValueError("states is empty: a trace needs at least one TraceState")
         key = _trace_key(states)
         journal = self.journal_dir / f"{key}.jsonl" if self.journal_dir is not None else None
-        before = self._spent.get(key, 0.0)
-        cap = max(self.max_total_usd - (self._spent_total() - before), 0.0) if journal is not None else max(self.max_total_usd - self._spent_total(), 0.0)
-        try:
-            res = await replay_trace(states, self.teachers, cap, self._api_key, base_url=self.base_url, journal=journal,
-                                     progress=False, **self.replay_options)
-        except TeacherReplayError as e:   # a fatal answer (401/403): count what it spent, then stop
-            self._spent[key] = (0.0 if journal is not None else before) + e.results.spent_usd
-            raise
-        # with a journal, replay_trace's spend includes what that journal spent before; without one, each replay pays anew
-        self._spent[key] = res.spent_usd if journal is not None else before + res.spent_usd
+        res = await self._replay_within_cap(states, key, journal)
         pairs = extract_dpo_pairs(states, res, agreement_threshold=self.agreement_threshold)
         total = self._spent_total()
         return {"examples": trace_examples_from_states(states, pairs=pairs), "pairs": pairs, "calls": len(res),
                 "failed": sum(r["error"] is not None for r in res), "not_attempted": len(res.not_attempted),
                 "spent_usd": res.spent_usd, "pool_spent_usd": total, "budget_left_usd": max(self.max_total_usd - total, 0.0),
                 "stopped": res.stopped, "journal": None if journal is None else str(journal)}
+
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #362ad0de
+@patch_to(TeacherPoolActor, static_method=True)
+def _check(teachers, base_url, api_key, max_total_usd, journal_dir, agreement_threshold, replay_options) -> dict:
+    from composer_replication.teacher_replay import replay_trace
+    from composer_replication.teacher_replay.protocol import check_teachers
+    teachers = [dict(t) for t in check_teachers(teachers)]
+    if base_url is not None and not isinstance(base_url, str): raise TypeError(f"base_url must be a str or None, got {type(base_url).__name__}")
+    if api_key is not None and not isinstance(api_key, str): raise TypeError(f"api_key must be a str or None, got {type(api_key).__name__}")
+    if journal_dir is not None and not isinstance(journal_dir, (str, os.PathLike)): raise TypeError(f"journal_dir must be a path or None, got {type(journal_dir).__name__}")
+    check_positive_int(agreement_threshold, "agreement_threshold")
+    if not isinstance(replay_options, (abc.Mapping, type(None))): raise TypeError(f"replay_options must be a dict or None, got {type(replay_options).__name__}")
+    opts = dict(replay_options or {})
+    known = set(inspect.signature(replay_trace).parameters) - set(_POOL_OWN)
+    if (own := sorted(set(opts) & set(_POOL_OWN))): raise ValueError(f"replay_options cannot set {own}: the pool sets them (its own arguments)")
+    if (bad := sorted(set(opts) - known)): raise ValueError(f"replay_options has unknown replay_trace option(s) {bad}; known: {sorted(known)}")
+    return dict(teachers=teachers, base_url=base_url, api_key=api_key,
+                max_total_usd=check_range(max_total_usd, "max_total_usd", 0, math.inf, hi_closed=False),
+                journal_dir=None if journal_dir is None else Path(journal_dir), agreement_threshold=agreement_threshold, replay_options=opts)
+
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #17618319
+@patch
+def _scan_journals(self:TeacherPoolActor):
+    "Create the journal folder; record each journal's spend (by trace key) from its rows."
+    from composer_replication.teacher_replay import scan_journal
+    self.journal_dir.mkdir(parents=True, exist_ok=True)
+    for p in sorted(self.journal_dir.glob("*.jsonl")):
+        rows, _, _ = scan_journal(p)
+        self._spent[p.stem] = sum(float(r.get("cost_usd") or 0.0) for r in rows)
+
+# %% ../../../nbs/51_recipes.monarch.actors.ipynb #4545192b
+@patch
+async def _replay_within_cap(self:TeacherPoolActor, states:list[dict], key:str, journal:Path|None):
+    "`replay_trace` on `states` under what the pool's cap leaves; the trace's spend recorded under `key`."
+    from composer_replication.teacher_replay import TeacherReplayError, replay_trace
+    before = self._spent.get(key, 0.0)
+    cap = max(self.max_total_usd - (self._spent_total() - before), 0.0) if journal is not None else max(self.max_total_usd - self._spent_total(), 0.0)
+    try:
+        res = await replay_trace(states, self.teachers, cap, self._api_key, base_url=self.base_url, journal=journal,
+                                 progress=False, **self.replay_options)
+    except TeacherReplayError as e:   # a fatal answer (401/403): count what it spent, then stop
+        self._spent[key] = (0.0 if journal is not None else before) + e.results.spent_usd
+        raise
+    # with a journal, replay_trace's spend includes what that journal spent before; without one, each replay pays anew
+    self._spent[key] = res.spent_usd if journal is not None else before + res.spent_usd
+    return res
 
 # %% ../../../nbs/51_recipes.monarch.actors.ipynb #2d9bbf5c
 @patch

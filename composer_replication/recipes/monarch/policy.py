@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from fastcore.basics import patch, patch_to
 
 from ...checks import check_choice, check_positive_int, check_range
 from .core import RecipeActor, check_texts, endpoint
@@ -72,49 +73,15 @@ class GeneratorActor(RecipeActor):
             self.model, self.tok = load_student(self.cfg["model"], device=self.cfg["device"])
             self.model.eval()
 
-    @staticmethod
-    def _check(model, max_new_tokens, temperature, top_p, seed, engine, device) -> dict:
-        check_choice(engine, "engine", ENGINES)
-        if engine == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ImportError('engine="vllm" needs vLLM (pip install vllm, on a GPU machine); engine="hf" generates with transformers')
-        return dict(model=_check_model(model), max_new_tokens=check_positive_int(max_new_tokens, "max_new_tokens"),
-                    temperature=check_range(temperature, "temperature", 0, math.inf, hi_closed=False),   # 0: greedy
-                    top_p=check_range(top_p, "top_p", 0, 1, lo_closed=False), seed=_check_seed(seed), engine=engine, device=_check_device(device))
-
-    def _init_vllm(self):
-        import tempfile
-        from vllm import LLM
-        path = self.cfg["model"]
-        if path in ("tiny", "smollm2-135m-instruct"):  # vLLM reads a folder: save the built-in student once
-            from composer_replication.models import load_student
-            model, tok = load_student(path)
-            path = tempfile.mkdtemp(prefix="generator-model-")
-            model.save_pretrained(path); tok.save_pretrained(path)
-        self.llm = LLM(model=path, seed=self.cfg["seed"], enforce_eager=True)
-
     @endpoint
     async def rollout(self,
                       prompts:list[str], # one completion is written for each
                      ) -> list[str]: # the completions, special tokens removed
         "One completion per prompt, sampled from the current weights."
-        prompts, c = check_texts(prompts, "prompts"), self.cfg
+        prompts = check_texts(prompts, "prompts")
         chats = [[{"role": "user", "content": p}] for p in prompts]
         self.calls += 1
-        if self.engine == "vllm":
-            from vllm import SamplingParams
-            sp = SamplingParams(max_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"], seed=c["seed"] + self.calls)
-            return [o.outputs[0].text for o in self.llm.chat(chats, sp, use_tqdm=False)]
-        tok, model = self.tok, self.model
-        texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in chats]
-        side, tok.padding_side = tok.padding_side, "left"    # generation continues at the right edge
-        try: enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-        finally: tok.padding_side = side
-        torch.manual_seed(c["seed"] + self.calls)
-        sample = c["temperature"] > 0
-        kw = dict(do_sample=True, temperature=c["temperature"], top_p=c["top_p"]) if sample else dict(do_sample=False)
-        with torch.no_grad():
-            out = model.generate(**enc, max_new_tokens=c["max_new_tokens"], pad_token_id=tok.pad_token_id, **kw)
-        return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self._sample_vllm(chats) if self.engine == "vllm" else self._sample_hf(chats)
 
     @endpoint
     async def load_weights(self,
@@ -123,12 +90,7 @@ class GeneratorActor(RecipeActor):
                           ) -> int: # the version now loaded
         "Replace the generator's weights with the trainer's."
         if not isinstance(state_dict, dict): raise TypeError(f"state_dict must be a dict of tensors, got {type(state_dict).__name__}")
-        if self.engine == "vllm":
-            try: target = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-            except AttributeError as e:
-                raise NotImplementedError("this vLLM version exposes no in-process model to load weights into; "
-                                          "use engine=\"hf\", or restart the generator from a saved checkpoint") from e
-            target.load_weights(state_dict.items())
+        if self.engine == "vllm": self._load_vllm_weights(state_dict)
         else:
             try: self.model.load_state_dict(state_dict, strict=True)
             except RuntimeError as e: raise ValueError(f"state_dict does not fit the generator's model: {str(e)[:500]}") from None
@@ -140,6 +102,63 @@ class GeneratorActor(RecipeActor):
         "{'version': the version loaded, 'state_dict': a CPU copy of the weights} (HF engine)."
         if self.engine == "vllm": raise NotImplementedError("weights() reads the HF engine's model; the vLLM engine keeps its weights on the GPU workers")
         return {"version": self.version, "state_dict": _state_dict_copy(self.model)}
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #b4cb6b84
+@patch_to(GeneratorActor, static_method=True)
+def _check(model, max_new_tokens, temperature, top_p, seed, engine, device) -> dict:
+    check_choice(engine, "engine", ENGINES)
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise ImportError('engine="vllm" needs vLLM (pip install vllm, on a GPU machine); engine="hf" generates with transformers')
+    return dict(model=_check_model(model), max_new_tokens=check_positive_int(max_new_tokens, "max_new_tokens"),
+                temperature=check_range(temperature, "temperature", 0, math.inf, hi_closed=False),   # 0: greedy
+                top_p=check_range(top_p, "top_p", 0, 1, lo_closed=False), seed=_check_seed(seed), engine=engine, device=_check_device(device))
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #6d32f48d
+@patch
+def _init_vllm(self:GeneratorActor):
+    import tempfile
+    from vllm import LLM
+    path = self.cfg["model"]
+    if path in ("tiny", "smollm2-135m-instruct"):  # vLLM reads a folder: save the built-in student once
+        from composer_replication.models import load_student
+        model, tok = load_student(path)
+        path = tempfile.mkdtemp(prefix="generator-model-")
+        model.save_pretrained(path); tok.save_pretrained(path)
+    self.llm = LLM(model=path, seed=self.cfg["seed"], enforce_eager=True)
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #c18ea877
+@patch
+def _sample_hf(self:GeneratorActor, chats:list) -> list[str]:
+    "The HF engine's completions for `chats`, special tokens removed."
+    c, tok, model = self.cfg, self.tok, self.model
+    texts = [tok.apply_chat_template(m, add_generation_prompt=True, tokenize=False) for m in chats]
+    side, tok.padding_side = tok.padding_side, "left"    # generation continues at the right edge
+    try: enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    finally: tok.padding_side = side
+    torch.manual_seed(c["seed"] + self.calls)
+    sample = c["temperature"] > 0
+    kw = dict(do_sample=True, temperature=c["temperature"], top_p=c["top_p"]) if sample else dict(do_sample=False)
+    with torch.no_grad():
+        out = model.generate(**enc, max_new_tokens=c["max_new_tokens"], pad_token_id=tok.pad_token_id, **kw)
+    return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #6c0340f4
+@patch
+def _sample_vllm(self:GeneratorActor, chats:list) -> list[str]:
+    "The vLLM engine's completions for `chats`."
+    from vllm import SamplingParams
+    c = self.cfg
+    sp = SamplingParams(max_tokens=c["max_new_tokens"], temperature=c["temperature"], top_p=c["top_p"], seed=c["seed"] + self.calls)
+    return [o.outputs[0].text for o in self.llm.chat(chats, sp, use_tqdm=False)]
+
+@patch
+def _load_vllm_weights(self:GeneratorActor, state_dict:dict):
+    "Load `state_dict` into the vLLM engine's in-process model."
+    try: target = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+    except AttributeError as e:
+        raise NotImplementedError("this vLLM version exposes no in-process model to load weights into; "
+                                  "use engine=\"hf\", or restart the generator from a saved checkpoint") from e
+    target.load_weights(state_dict.items())
 
 # %% ../../../nbs/50c_recipes.monarch.policy.ipynb #ac36d6d0
 class TrainerActor(RecipeActor):
@@ -161,42 +180,8 @@ class TrainerActor(RecipeActor):
                 ):
         self.cfg = c = self._setup(dict(model=model, loss_config=loss_config, lr=lr, weight_decay=weight_decay, max_grad_norm=max_grad_norm,
                                         max_seq_len=max_seq_len, max_dpo_seq_len=max_dpo_seq_len, hints=hints, seed=seed, device=device))
-        from composer_replication.hint_generator import dispatch
-        from composer_replication.loss import REPLAY_CRITERIA
-        from composer_replication.models import load_student
-        from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
-        torch.manual_seed(c["seed"])
-        self.loss_config = c["loss_config"]
-        self.model, self.tok = load_student(c["model"], device=c["device"])
-        self.model.train()
-        self.ref_model = None
-        if REPLAY_CRITERIA[self.loss_config.dpo_variant].needs_reference and self.loss_config.beta_replay > 0:
-            self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()   # the initial policy, frozen
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
-        pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
-        self.collator = ComposerDataCollator(self.tok, CollatorConfig(pad_token_id=pad, hint_generator=dispatch if c["hints"] else None,
-                                                                      max_seq_len=c["max_seq_len"], max_dpo_seq_len=c["max_dpo_seq_len"]))
+        self._build(c)
         self.batches, self.step = {}, 0
-
-    @staticmethod
-    def _check(model, loss_config, lr, weight_decay, max_grad_norm, max_seq_len, max_dpo_seq_len, hints, seed, device) -> dict:
-        from composer_replication.loss import LossConfig
-        if loss_config is None: loss_config = LossConfig()
-        elif isinstance(loss_config, abc.Mapping): loss_config = LossConfig.from_dict(loss_config)
-        elif not isinstance(loss_config, LossConfig): raise TypeError(f"loss_config must be a LossConfig, a dict of its options or None, got {type(loss_config).__name__}")
-        if loss_config.sdpo_wrapper == "taid" and loss_config.taid_t is None:
-            raise ValueError('loss_config: sdpo_wrapper="taid" needs a fixed taid_t here (the actor runs no TAIDScheduler)')
-        if not isinstance(hints, bool): raise TypeError(f"hints must be a bool, got {type(hints).__name__}")
-        return dict(model=_check_model(model), loss_config=loss_config, lr=check_range(lr, "lr", 0, math.inf, lo_closed=False, hi_closed=False),
-                    weight_decay=check_range(weight_decay, "weight_decay", 0, math.inf, hi_closed=False),
-                    max_grad_norm=check_range(max_grad_norm, "max_grad_norm", 0, math.inf, lo_closed=False, hi_closed=False, none_ok=True),
-                    max_seq_len=check_positive_int(max_seq_len, "max_seq_len"), max_dpo_seq_len=check_positive_int(max_dpo_seq_len, "max_dpo_seq_len"),
-                    hints=hints, seed=_check_seed(seed), device=_check_device(device))
-
-    @staticmethod
-    def _batch_id(batch_id) -> int:
-        if isinstance(batch_id, bool) or not isinstance(batch_id, int): raise TypeError(f"batch_id must be an int, got {type(batch_id).__name__}")
-        return batch_id
 
     @endpoint
     async def put_batch(self,
@@ -220,28 +205,83 @@ class TrainerActor(RecipeActor):
                               ) -> dict[str, Any]: # step, batch_id, lm_ce, sdpo_jsd, trace_replay_dpo, total, grad_norm, skipped
         "One optimizer step of the three-channel loss on batch `batch_id`; its per-channel losses."
         from composer_replication.loss import compose_loss
-        from composer_replication.trainer.data_collator import precompute_ref_logprobs
         batch_id = self._batch_id(batch_id)
-        if batch_id not in self.batches:
-            raise ValueError(f"no batch {batch_id}: put_batch({batch_id}, examples) first (waiting: {sorted(self.batches)})")
-        dev = next(self.model.parameters()).device
-        batch = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in self.batches.pop(batch_id).items()}
-        if self.ref_model is not None: batch = precompute_ref_logprobs(self.ref_model, batch, chunk_size=self.loss_config.chunk_size)
+        batch = self._take_batch(batch_id)
         self.model.train()
         c = compose_loss(self.model, batch, self.loss_config)
         out = {"batch_id": batch_id, **c.detached()}
-        skipped = not math.isfinite(out["total"])
-        if not skipped:
-            c.total.backward()
-            params = [p for p in self.model.parameters() if p.grad is not None]
-            gn = torch.nn.utils.clip_grad_norm_(params, self.cfg["max_grad_norm"] if self.cfg["max_grad_norm"] is not None else math.inf)
-            skipped = not math.isfinite(float(gn))
-            if not skipped: self.opt.step(); self.step += 1
-            out["grad_norm"] = float(gn)
-        self.opt.zero_grad(set_to_none=True)
+        skipped = self._apply_step(c, out)
         return {"step": self.step, **out, "skipped": skipped}
 
     @endpoint
     async def weights(self) -> dict:
         "{'version': optimizer steps taken, 'state_dict': a CPU copy of the weights}."
         return {"version": self.step, "state_dict": _state_dict_copy(self.model)}
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #14e034fd
+@patch_to(TrainerActor, static_method=True)
+def _check(model, loss_config, lr, weight_decay, max_grad_norm, max_seq_len, max_dpo_seq_len, hints, seed, device) -> dict:
+    from composer_replication.loss import LossConfig
+    if loss_config is None: loss_config = LossConfig()
+    elif isinstance(loss_config, abc.Mapping): loss_config = LossConfig.from_dict(loss_config)
+    elif not isinstance(loss_config, LossConfig): raise TypeError(f"loss_config must be a LossConfig, a dict of its options or None, got {type(loss_config).__name__}")
+    if loss_config.sdpo_wrapper == "taid" and loss_config.taid_t is None:
+        raise ValueError('loss_config: sdpo_wrapper="taid" needs a fixed taid_t here (the actor runs no TAIDScheduler)')
+    if not isinstance(hints, bool): raise TypeError(f"hints must be a bool, got {type(hints).__name__}")
+    return dict(model=_check_model(model), loss_config=loss_config, lr=check_range(lr, "lr", 0, math.inf, lo_closed=False, hi_closed=False),
+                weight_decay=check_range(weight_decay, "weight_decay", 0, math.inf, hi_closed=False),
+                max_grad_norm=check_range(max_grad_norm, "max_grad_norm", 0, math.inf, lo_closed=False, hi_closed=False, none_ok=True),
+                max_seq_len=check_positive_int(max_seq_len, "max_seq_len"), max_dpo_seq_len=check_positive_int(max_dpo_seq_len, "max_dpo_seq_len"),
+                hints=hints, seed=_check_seed(seed), device=_check_device(device))
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #7763a69b
+@patch
+def _build(self:TrainerActor, c:dict):
+    "Seed torch; load the student (and its frozen reference); make the optimizer and the collator from the checked arguments `c`."
+    from composer_replication.hint_generator import dispatch
+    from composer_replication.loss import REPLAY_CRITERIA
+    from composer_replication.models import load_student
+    from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator
+    torch.manual_seed(c["seed"])
+    self.loss_config = c["loss_config"]
+    self.model, self.tok = load_student(c["model"], device=c["device"])
+    self.model.train()
+    self.ref_model = None
+    if REPLAY_CRITERIA[self.loss_config.dpo_variant].needs_reference and self.loss_config.beta_replay > 0:
+        self.ref_model = copy.deepcopy(self.model).requires_grad_(False).eval()   # the initial policy, frozen
+    self.opt = torch.optim.AdamW(self.model.parameters(), lr=c["lr"], weight_decay=c["weight_decay"])
+    pad = self.tok.pad_token_id if self.tok.pad_token_id is not None else 0
+    self.collator = ComposerDataCollator(self.tok, CollatorConfig(pad_token_id=pad, hint_generator=dispatch if c["hints"] else None,
+                                                                  max_seq_len=c["max_seq_len"], max_dpo_seq_len=c["max_dpo_seq_len"]))
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #49ebfe94
+@patch_to(TrainerActor, static_method=True)
+def _batch_id(batch_id) -> int:
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int): raise TypeError(f"batch_id must be an int, got {type(batch_id).__name__}")
+    return batch_id
+
+@patch
+def _take_batch(self:TrainerActor, batch_id:int) -> dict:
+    "Batch `batch_id`, taken from those waiting, on the model's device, with the reference log-probs where there is a reference."
+    from composer_replication.trainer.data_collator import precompute_ref_logprobs
+    if batch_id not in self.batches:
+        raise ValueError(f"no batch {batch_id}: put_batch({batch_id}, examples) first (waiting: {sorted(self.batches)})")
+    dev = next(self.model.parameters()).device
+    batch = {k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in self.batches.pop(batch_id).items()}
+    if self.ref_model is not None: batch = precompute_ref_logprobs(self.ref_model, batch, chunk_size=self.loss_config.chunk_size)
+    return batch
+
+# %% ../../../nbs/50c_recipes.monarch.policy.ipynb #24cb346e
+@patch
+def _apply_step(self:TrainerActor, c, out:dict) -> bool:
+    "Backward, clip and step on `c.total` when finite (`out` gets `grad_norm`); True if the step was skipped."
+    skipped = not math.isfinite(out["total"])
+    if not skipped:
+        c.total.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        gn = torch.nn.utils.clip_grad_norm_(params, self.cfg["max_grad_norm"] if self.cfg["max_grad_norm"] is not None else math.inf)
+        skipped = not math.isfinite(float(gn))
+        if not skipped: self.opt.step(); self.step += 1
+        out["grad_norm"] = float(gn)
+    self.opt.zero_grad(set_to_none=True)
+    return skipped

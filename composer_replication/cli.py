@@ -50,7 +50,8 @@ def _cmd_ingest(args) -> int:
                           progress=not args.quiet, source=args.source)
 
 def _cmd_demo(args) -> int:
-    from composer_replication.demo import FLAGS, DemoConfig, DemoInputError, run_demo
+    from composer_replication.demo import run_demo
+    from composer_replication.demo_config import FLAGS, DemoConfig, DemoInputError
     given = {k: getattr(args, k) for k in FLAGS if hasattr(args, k)}   # flags not given: DemoConfig's defaults
     try: cfg = DemoConfig(**given)
     except (ValueError, TypeError, FileNotFoundError) as e: return fail(e)   # the config's checks: bad flags
@@ -101,28 +102,9 @@ def _sources() -> list[str]:
     from composer_replication.plugins import plugin_names
     return ["auto", *plugin_names("trace_sources", TRACE_SOURCES)]
 
-# %% ../nbs/42_cli.ipynb #2c6cbf97
-def build_parser() -> argparse.ArgumentParser:
-    "The `composer-replication` argument parser, one subparser per subcommand."
-    from composer_replication import __version__
-    p = _Parser(prog="composer-replication", description="Replicate a Composer-style training recipe for coding agents.")
-    p.add_argument("--version", action="version", version=f"composer-replication {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    s = sub.add_parser("info", help="show the version and which optional stacks are installed",
-                       epilog="example: composer-replication info")
-    s.set_defaults(func=_cmd_info)
-    s = sub.add_parser("ingest", help="turn agent sessions (Claude Code, Codex CLI) into TraceState JSONL",
-                       epilog="example: composer-replication ingest ~/.claude/projects/my-repo --out states.jsonl")
-    s.add_argument("src", help="a session .jsonl file or a project folder (Claude Code), or a rollout-*.jsonl or sessions folder (Codex CLI)")
-    s.add_argument("--source", default="auto", help=f"the trace source: {', '.join(_sources())}, or package.module:Class "
-                                                   "(default: auto, detected from the file)")
-    s.add_argument("--out", required=True, help="where to write the states (JSONL)")
-    s.add_argument("--subagents", action="store_true", help="also ingest subagent transcripts as their own traces")
-    s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.set_defaults(func=_cmd_ingest)
-    from composer_replication.cli_stages import add_stage_parsers   # (it imports this module)
-    add_stage_parsers(sub)   # replay, pairs, train: the staged workflow (cli_stages)
+# %% ../nbs/42_cli.ipynb #3fd5d614
+def _add_demo_parser(sub):
+    "The `demo` subcommand: one flag per `DemoConfig` field, absent when not given."
     # demo: dest = the DemoConfig field; a flag not given is absent, so DemoConfig's default applies (one source of defaults)
     s = sub.add_parser("demo", help="the main job: session -> teacher replay -> DPO pairs -> three-channel training",
                        argument_default=argparse.SUPPRESS,
@@ -155,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                                             "(default: OPENROUTER_API_KEY, for OpenRouter only)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")
     s.set_defaults(func=_cmd_demo)
+
+# %% ../nbs/42_cli.ipynb #e70d16bf
+def _add_eval_parser(sub):
+    "The `eval` subcommand: sessions with known right actions, a model and where to write the scores."
     s = sub.add_parser("eval", help="agent behaviour on sessions with known right actions: recovery margins, recovery, next-action and preference accuracy",
                        epilog="example: composer-replication eval suite/heldout suite/heldout/expected.jsonl --model smollm2-135m-instruct --out eval/")
     s.add_argument("sessions", help="a folder of sessions (a task-suite split folder is read through its sessions/)")
@@ -173,6 +159,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="end each generation at the end of its first tool call (recovery states have one right call)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=_cmd_eval)
+
+# %% ../nbs/42_cli.ipynb #2c6cbf97
+def build_parser() -> argparse.ArgumentParser:
+    "The `composer-replication` argument parser, one subparser per subcommand."
+    from composer_replication import __version__
+    p = _Parser(prog="composer-replication", description="Replicate a Composer-style training recipe for coding agents.")
+    p.add_argument("--version", action="version", version=f"composer-replication {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    s = sub.add_parser("info", help="show the version and which optional stacks are installed",
+                       epilog="example: composer-replication info")
+    s.set_defaults(func=_cmd_info)
+    s = sub.add_parser("ingest", help="turn agent sessions (Claude Code, Codex CLI) into TraceState JSONL",
+                       epilog="example: composer-replication ingest ~/.claude/projects/my-repo --out states.jsonl")
+    s.add_argument("src", help="a session .jsonl file or a project folder (Claude Code), or a rollout-*.jsonl or sessions folder (Codex CLI)")
+    s.add_argument("--source", default="auto", help=f"the trace source: {', '.join(_sources())}, or package.module:Class "
+                                                   "(default: auto, detected from the file)")
+    s.add_argument("--out", required=True, help="where to write the states (JSONL)")
+    s.add_argument("--subagents", action="store_true", help="also ingest subagent transcripts as their own traces")
+    s.add_argument("--no-redact", action="store_true", help="keep secrets found in the traces (not recommended)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_ingest)
+    from composer_replication.cli_stages import add_stage_parsers   # (it imports this module)
+    add_stage_parsers(sub)   # replay, pairs, train: the staged workflow (cli_stages)
+    _add_demo_parser(sub)
+    _add_eval_parser(sub)
     p.add_argument("--debug", action="store_true", help="show the full traceback of an unexpected error (default: one line)")
     for s in sub.choices.values():
         s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback of an unexpected error")

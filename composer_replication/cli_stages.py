@@ -213,10 +213,29 @@ async def _until_signalled(replay, got:list):
     finally:
         for sig, h in saved.items(): loop.remove_signal_handler(sig); signal.signal(sig, h)
 
+# %% ../nbs/41_cli_stages.ipynb #f2c5a468
+def _checked_replay(args, out:Path, journal:Path, summary_path:Path):
+    "The replay's checked inputs, `(spec, states, base, teachers, max_usd, plan)`; a ValueError, TypeError or FileNotFoundError says what is wrong."
+    from composer_replication.demo_config import parse_teachers
+    from composer_replication.teacher_replay.journal import check_journal
+    for what, p in (("the journal", journal), ("the summary", summary_path), ("the lock", Path(f"{journal}.lock"))):
+        if same_path(args.states, p): raise ValueError(f"STATES {args.states} is {what} replay writes in --out: pass the states file")
+    spec = _replay_spec(args)
+    states = _read_states(args.states)
+    base, teachers = parse_teachers(spec.teachers)
+    teachers = _given_prices(spec.teachers, teachers)
+    max_usd = _usd(spec.max_usd)
+    for flag, v in (("--max-tokens", args.max_tokens), ("--concurrency", args.concurrency), ("--max-tool-calls", args.max_tool_calls)):
+        _int_at_least(flag, v, 1)
+    if out.exists() and not out.is_dir(): raise ValueError(f"--out {args.out} exists and is not a folder")
+    check_journal(journal, states, teachers)       # another run's journal: refused before anything is written
+    plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal,
+                       endpoint=_endpoint(spec, base, PLAN_KEY))          # the bodies this provider sends, priced; no key read
+    return spec, states, base, teachers, max_usd, plan
+
 # %% ../nbs/41_cli_stages.ipynb #9f9ca7f7
 def _cmd_replay(args) -> int:
     import signal
-    from composer_replication.demo import parse_teachers
     from composer_replication.jsonl import read_jsonl, write_jsonl
     from composer_replication.teacher_replay import redact_state
     from composer_replication.teacher_replay.journal import JournalBusy, check_journal, journal_lock
@@ -224,19 +243,7 @@ def _cmd_replay(args) -> int:
     try:
         out = Path(args.out)
         journal, prev, summary_path = out/"teacher_calls.jsonl", out/"states.jsonl", out/"replay_summary.json"
-        for what, p in (("the journal", journal), ("the summary", summary_path), ("the lock", Path(f"{journal}.lock"))):
-            if same_path(args.states, p): raise ValueError(f"STATES {args.states} is {what} replay writes in --out: pass the states file")
-        spec = _replay_spec(args)
-        states = _read_states(args.states)
-        base, teachers = parse_teachers(spec.teachers)
-        teachers = _given_prices(spec.teachers, teachers)
-        max_usd = _usd(spec.max_usd)
-        for flag, v in (("--max-tokens", args.max_tokens), ("--concurrency", args.concurrency), ("--max-tool-calls", args.max_tool_calls)):
-            _int_at_least(flag, v, 1)
-        if out.exists() and not out.is_dir(): raise ValueError(f"--out {args.out} exists and is not a folder")
-        check_journal(journal, states, teachers)       # another run's journal: refused before anything is written
-        plan = replay_plan(states, teachers, base_url=base, max_tokens=args.max_tokens, journal=journal,
-                           endpoint=_endpoint(spec, base, PLAN_KEY))          # the bodies this provider sends, priced; no key read
+        spec, states, base, teachers, max_usd, plan = _checked_replay(args, out, journal, summary_path)
     except (ValueError, TypeError, FileNotFoundError) as e: return fail(e)
     if args.dry_run or not args.quiet: print(format_plan(plan, max_usd))
     if args.dry_run: print("dry run: nothing was sent"); return 0

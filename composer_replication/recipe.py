@@ -182,6 +182,34 @@ def _section(cls, d, where):
     if isinstance(d, cls): return d
     return cls(**_check_keys(d, [f.name for f in dataclasses.fields(cls)], where))
 
+# %% ../nbs/27b_recipe.ipynb #aaa58de4
+def _lora_section(lora, train_layers) -> dict:
+    "The `lora:` section as a dict, checked: a mapping, no `train_layers` beside it, and peft's own rules when peft is installed."
+    if not isinstance(lora, abc.Mapping): raise recipe_error("lora", f"must be a mapping of peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules) or null, got {type(lora).__name__}")
+    if train_layers is not None: raise recipe_error("train_layers", "must be null with lora: (the adapters train, every base weight stays frozen)")
+    lora = dict(lora)
+    if importlib.util.find_spec("peft") is not None:   # else check_recipe says what to install
+        from composer_replication.models import lora_config
+        try: lora_config(lora)
+        except (TypeError, ValueError) as e: raise recipe_error("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
+    return lora
+
+# %% ../nbs/27b_recipe.ipynb #70d2522f
+def _collator_section(collator) -> dict:
+    "The `collator:` section over CollatorConfig's defaults, checked by CollatorConfig's own rules; tuples written as YAML lists."
+    opts = _collator_options()
+    col = {**opts, **_check_keys(collator, opts, "collator")}
+    col["pad_token_id"] = _int(col["pad_token_id"], "collator.pad_token_id", 0, none_ok=True)
+    _opt_str(col["hint_generator"], "collator.hint_generator")
+    col = {k: list(v) if isinstance(opts[k], list) and isinstance(v, tuple) else v for k, v in col.items()}   # tuples as YAML lists
+    from composer_replication.trainer.data_collator import CollatorConfig
+    check_typed({k: v for k, v in col.items() if k not in ("hint_generator", "pad_token_id")}, CollatorConfig, "collator")
+    try: CollatorConfig(**collator_config_kwargs({**col, "hint_generator": None, "pad_token_id": 0}))
+    except (TypeError, ValueError) as e:
+        k = next((k for k in opts if str(e).startswith(k)), None)
+        raise (recipe_error(f"collator.{k}", str(e)[len(k):].lstrip(" :")) if k else recipe_error("collator", str(e))) from None
+    return col
+
 # %% ../nbs/27b_recipe.ipynb #f21aef0f
 @dataclass
 class Recipe:
@@ -209,29 +237,11 @@ class Recipe:
         self.output_dir = _path(self.output_dir, "output_dir", none_ok=False)
         if self.mode not in MODES: raise recipe_error("mode", f"must be one of {list(MODES)}, got {self.mode!r:.60}")
         _int(self.seed, "seed", 0, 2**32 - 1); _int(self.train_layers, "train_layers", 1, none_ok=True)
-        if self.lora is not None:
-            if not isinstance(self.lora, abc.Mapping): raise recipe_error("lora", f"must be a mapping of peft.LoraConfig options (r, lora_alpha, lora_dropout, target_modules) or null, got {type(self.lora).__name__}")
-            if self.train_layers is not None: raise recipe_error("train_layers", "must be null with lora: (the adapters train, every base weight stays frozen)")
-            self.lora = dict(self.lora)
-            if importlib.util.find_spec("peft") is not None:   # else check_recipe says what to install
-                from composer_replication.models import lora_config
-                try: lora_config(self.lora)
-                except (TypeError, ValueError) as e: raise recipe_error("lora", str(e).removeprefix("lora").lstrip(".: ")) from None
+        if self.lora is not None: self.lora = _lora_section(self.lora, self.train_layers)
         self.data, self.grpo, self.diloco = _section(DataSpec, self.data, "data"), _section(GRPOSpec, self.grpo, "grpo"), _section(DiLoCoSpec, self.diloco, "diloco")
         self.replay = _section(ReplaySpec, self.replay, "replay")
         self.loss = _loss(self.loss)
-        opts = _collator_options()
-        col = {**opts, **_check_keys(self.collator, opts, "collator")}
-        col["pad_token_id"] = _int(col["pad_token_id"], "collator.pad_token_id", 0, none_ok=True)
-        _opt_str(col["hint_generator"], "collator.hint_generator")
-        col = {k: list(v) if isinstance(opts[k], list) and isinstance(v, tuple) else v for k, v in col.items()}   # tuples as YAML lists
-        from composer_replication.trainer.data_collator import CollatorConfig
-        check_typed({k: v for k, v in col.items() if k not in ("hint_generator", "pad_token_id")}, CollatorConfig, "collator")
-        try: CollatorConfig(**collator_config_kwargs({**col, "hint_generator": None, "pad_token_id": 0}))
-        except (TypeError, ValueError) as e:
-            k = next((k for k in opts if str(e).startswith(k)), None)
-            raise (recipe_error(f"collator.{k}", str(e)[len(k):].lstrip(" :")) if k else recipe_error("collator", str(e))) from None
-        self.collator = col
+        self.collator = _collator_section(self.collator)
         if not isinstance(self.training, abc.Mapping): raise recipe_error("training", f"must be a mapping of TrainingArguments options, got {type(self.training).__name__}")
         for k, top in RESERVED_TRAINING.items():
             if k in self.training: raise recipe_error(f"training.{k}", f"set {top} at the top level of the recipe, not under training")

@@ -25,7 +25,8 @@ def run_cli(*argv):
 
 
 def test_train_config_reproduces_a_demo_run(tmp_path):
-    from composer_replication.demo import DemoConfig, run_demo
+    from composer_replication.demo import run_demo
+    from composer_replication.demo_config import DemoConfig
     cfg = DemoConfig(model="tiny", out=str(tmp_path), name="r", steps=2, max_seq_len=3072, max_dpo_seq_len=512)   # the session fits one row: every channel every step
     run_demo(cfg, progress=False)
     run = tmp_path/"r"
@@ -257,7 +258,8 @@ def test_a_diloco_replicas_world_size_is_not_a_launch(monkeypatch):
 
 def test_a_demo_with_no_pairs_writes_a_recipe_that_trains(tmp_path):
     "A demo whose replay mined 0 pairs (a $0 budget) writes data.pairs: null, so `train --config` on its recipe passes the preflight."
-    from composer_replication.demo import DemoConfig, run_demo
+    from composer_replication.demo import run_demo
+    from composer_replication.demo_config import DemoConfig
     from composer_replication.recipe_build import check_recipe
     s = run_demo(DemoConfig(out=str(tmp_path), name="broke", steps=1, model="tiny", max_total_usd=0), progress=False)
     assert s["pairs"] == 0 and (tmp_path/"broke"/"pairs.jsonl").exists()

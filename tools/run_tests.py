@@ -36,6 +36,9 @@ def run_notebooks(path: str | None, fast: bool, n_workers: int) -> tuple[int, in
     files = sorted(f.absolute() for f in files if _keep_file(f, ".notest"))
     skip = cfg.tst_flags.split()
     force = [] if fast else [f for f in skip if f != "notest"]
+    workers = min(n_workers, len(files)) if len(files) > 1 else 1
+    os.environ["OMP_NUM_THREADS"] = share_cores(workers)   # read by torch when a worker imports it
+    print(f"notebooks: {len(files)} on {workers} worker(s), {os.environ['OMP_NUM_THREADS']} torch thread(s) each", flush=True)
     t0 = time.time()
     os.chdir(cfg.nbs_path)
     results = parallel(test_nb, files, skip_flags=skip, force_flags=force, n_workers=min(n_workers, len(files)) if len(files) > 1 else 0,
@@ -59,7 +62,8 @@ def run_pytest(fast: bool, n_workers: int = 1) -> tuple[int, int]:
             cmd += ["-m", "not slow"]
         if n_workers > 1:   # many tests wait on subprocesses, servers and sandboxes: two workers keep both cores busy
             cmd += ["-n", str(n_workers), "--dist", "loadfile"]
-        rc = subprocess.run(cmd, cwd=ROOT).returncode
+        env = {**os.environ, "OMP_NUM_THREADS": share_cores(n_workers)}
+        rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
         if not xml.exists():
             print(f"pytest produced no report (exit {rc})")
             return 0, 1
@@ -70,6 +74,18 @@ def run_pytest(fast: bool, n_workers: int = 1) -> tuple[int, int]:
         skipped = sum(int(s.get("skipped", 0)) for s in suites)
     print(f"pytest: {total - bad - skipped} passed, {bad} failed, {skipped} skipped")
     return total - bad - skipped, bad + (1 if rc not in (0, 5) and bad == 0 else 0)
+
+
+USER_THREADS = os.environ.get("OMP_NUM_THREADS")   # a value the caller set is kept
+
+
+def share_cores(n_workers: int) -> str:
+    """OMP_NUM_THREADS for `n_workers` parallel workers: each its share of the cores for torch's intra-op threads
+    (unless the caller set it). Two workers each running torch on both of two cores wait on each other at every
+    parallel region: measured here (a 4-layer Llama's forward + backward, two processes side by side on 2 cores,
+    load ~8), one thread each ran the same loop in 26-32 s of wall time and 5.5-6.3 s of CPU, two each in 90-120 s
+    and 18-20 s."""
+    return USER_THREADS or str(max(1, (os.cpu_count() or 1) // max(1, n_workers)))
 
 
 def main(argv=None) -> int:

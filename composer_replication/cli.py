@@ -135,6 +135,11 @@ def _add_demo_parser(sub):
                                                       "or package.module:attr (default: by the URL)")
     s.add_argument("--api-key-env", dest="api_key_env", metavar="NAME", help="the environment variable holding the teachers' API key "
                                                                             "(default: OPENROUTER_API_KEY, for OpenRouter only)")
+    s.add_argument("--environment", dest="environment", choices=["sandbox", "task_suite"],
+                   help="then train on-policy (GRPO): sandbox runs the rollouts' tool calls for real (bubblewrap), task_suite simulates them")
+    s.add_argument("--tasks", dest="tasks", help="the on-policy episodes: a make_task_suite split folder, or (sandbox) a JSONL of "
+                                                "{repo, prompt, test_command} (default: a new 3-session suite in the run)")
+    s.add_argument("--on-policy-steps", dest="on_policy_steps", type=int, help="GRPO steps of the on-policy stage (default: 2)")
     s.add_argument("--quiet", action="store_true", default=False, help="no progress bars or summary")
     s.set_defaults(func=_cmd_demo)
 

@@ -244,6 +244,31 @@ def _say_done(say, summary:dict, report:dict, t_train:float, after_seconds:float
         f"collate {tm['collate_s']:.1f}s, eval before {tm['eval_before_s']:.1f}s, training {tm['train_s']:.1f}s, eval after {tm['eval_after_s']:.1f}s, "
         f"saving {tm['write_s']:.1f}s)")   # the recorded (rounded) figures: the line and summary.json agree
 
+# %% ../nbs/40_demo.ipynb #846b1d87
+def _on_policy(cfg:DemoConfig, run:Path, sizes:dict, has_pairs:bool, progress:bool) -> dict:
+    "GRPO steps of the run's trained model in `cfg.environment` (a recipe in `run/on_policy/`); its summary with the reward and tool-call rates per step."
+    from composer_replication.jsonl import read_jsonl
+    from composer_replication.recipe import DataSpec, GRPOSpec, Recipe
+    from composer_replication.recipe_build import train_recipe
+    from composer_replication.task_suite import make_task_suite
+    tasks = cfg.tasks
+    if tasks is None:
+        make_task_suite(run/"tasks", 3, 0, seed=cfg.seed, overwrite=True)
+        tasks = str((run/"tasks"/"train").absolute())
+    sandbox = cfg.environment == "sandbox"
+    grpo = GRPOSpec(environment=cfg.environment, kinds=["task"] if sandbox else ["recovery"], **({"tasks": tasks} if sandbox else {"split": tasks}))
+    recipe = Recipe(model=str((run/"model").absolute()), mode="grpo", output_dir=str((run/"on_policy").absolute()), seed=cfg.seed,
+                    name=f"{run.name}-on-policy", train_layers=sizes["train_layers"], loss=cfg.loss, grpo=grpo,
+                    data=DataSpec(states=str((run/"states.jsonl").absolute()), pairs=str((run/"pairs.jsonl").absolute()) if has_pairs else None),
+                    collator={"max_seq_len": cfg.max_seq_len, "max_dpo_seq_len": cfg.max_dpo_seq_len, "hint_generator": "dispatch"},
+                    training={"max_steps": cfg.on_policy_steps, "learning_rate": cfg.lr, "per_device_train_batch_size": 2, "num_generations": 2,
+                              "max_completion_length": 2 * sizes["eval_new_tokens"], "max_tool_calling_iterations": 2,
+                              "bf16": False})   # fp32, as the offline stage (GRPOConfig's default is bf16, which a CPU refuses)
+    s = train_recipe(recipe, progress=False)
+    rows, _ = read_jsonl(run/"on_policy"/"metrics.jsonl")
+    return dict(s, environment=cfg.environment, tasks=tasks, reward=[r.get("reward") for r in rows],
+                tool_calls=[r.get("tools/call_frequency") for r in rows], tool_failures=[r.get("tools/failure_frequency") for r in rows])
+
 # %% ../nbs/40_demo.ipynb #77d4da1e
 def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
              *, progress:bool=True, # progress bars and the printed summary
@@ -303,4 +328,12 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     summary = _summary(cfg, run, session, states, results, failed_calls, pairs, metrics, report, trained, notes, times)
     (run/"summary.json").write_text(json.dumps(summary, indent=2))
     _say_done(say, summary, report, t_train, after["seconds"])
+    if cfg.environment:   # the optional on-policy stage, on the model just saved
+        t1 = time.perf_counter()
+        op = summary["on_policy"] = _on_policy(cfg, run, sizes, bool(pairs), progress)
+        summary["timings"]["on_policy_s"] = round(time.perf_counter() - t1, 2)
+        (run/"summary.json").write_text(json.dumps(summary, indent=2))
+        say(f"[+] on-policy in {cfg.environment}: {op['steps']} GRPO step(s) of 2 rollouts, reward "
+            f"{', '.join(f'{r:+.2f}' for r in op['reward'] if r is not None)}, tool calls per rollout "
+            f"{', '.join(f'{c:.2f}' for c in op['tool_calls'] if c is not None)} ({summary['timings']['on_policy_s']:.0f}s; wrote {run}/on_policy/)")
     return summary

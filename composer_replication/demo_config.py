@@ -18,7 +18,8 @@ if TYPE_CHECKING: from composer_replication.loss import LossConfig
 
 # %% auto #0
 __all__ = ['AGREEMENT_THRESHOLD', 'FLAGS', 'DEFAULT_STUDENT', 'DEMO_STUDENTS', 'DEMO_SIZES', 'LORA_LR', 'DEMO_WEIGHTS',
-           'demo_sizes', 'DemoInputError', 'flag_error', 'why_not_creatable', 'DemoConfig', 'parse_teachers']
+           'ON_POLICY_ENVIRONMENTS', 'demo_sizes', 'DemoInputError', 'flag_error', 'why_not_creatable', 'DemoConfig',
+           'parse_teachers']
 
 # %% ../nbs/39b_demo_config.ipynb #0eb5409a
 AGREEMENT_THRESHOLD = 2  # teachers that must agree on an action the student did not take to make a DPO pair
@@ -27,7 +28,8 @@ FLAGS = {  # DemoConfig field -> its command-line flag (errors name both)
     "steps": "--steps", "lr": "--lr", "alpha_sdpo": "--alpha-sdpo", "beta_replay": "--beta-replay",
     "max_total_usd": "--max-usd", "max_seq_len": "--max-seq-len", "max_dpo_seq_len": "--max-dpo-seq-len", "seed": "--seed",
     "source": "--source", "windows": "--no-windows", "solution_sources": "--solution-sources", "lora": "--lora",
-    "provider": "--provider", "api_key_env": "--api-key-env"}
+    "provider": "--provider", "api_key_env": "--api-key-env",
+    "environment": "--environment", "tasks": "--tasks", "on_policy_steps": "--on-policy-steps"}
 
 DEFAULT_STUDENT = "smollm2-135m-instruct"  # what the demo trains unless --model says otherwise
 DEMO_STUDENTS = ("smollm2-135m-instruct", "tiny")  # the built-in names `composer_replication.models.load_student` knows
@@ -96,11 +98,15 @@ class DemoConfig:
     lora: bool|dict|None = None   # train LoRA adapters instead of layers: True (`models.LORA_DEFAULTS`: r 16, attention + MLP) or peft.LoraConfig options
     provider: str|None = None     # who sends to the teachers: "openrouter", "openai-compatible", an installed entry point or "package.module:attr"; None: by the URL
     api_key_env: str|None = None  # the NAME of the environment variable holding the teachers' key (e.g. a vLLM --api-key); None: OPENROUTER_API_KEY for OpenRouter
+    environment: str|None = None  # then train on-policy: "sandbox" (`RepoEnv`: the tools run for real in bubblewrap) or "task_suite" (simulated tools); None: no
+    tasks: str|None = None        # its episodes: a `make_task_suite` split folder or (sandbox) a JSONL of {repo, prompt, test_command}; None: a new 3-session suite
+    on_policy_steps: int = 2      # its GRPO steps
 
     def __post_init__(self):
         self._fill_sizes()      # the model, --lora, and the size fields the model sets
         self._check_options()   # the flags that name no file
         self._check_inputs()    # the session, teachers, model folder, --out and --name
+        self._check_on_policy() # --environment, --tasks and --on-policy-steps
         self._check_run()       # last: the loss and the run's options, by the recipe's rules
 
 # %% ../nbs/39b_demo_config.ipynb #a8652cff
@@ -109,7 +115,7 @@ LORA_LR = 1e-3  # the demo's learning rate with --lora when --lr is not given (o
 @patch
 def _fill_sizes(self:DemoConfig):
     "The model as a str, the LoRA options, and the size fields left None filled from the model's `DEMO_SIZES`."
-    if self.model is None: self.model = "tiny"   # what None meant before the real student was the default
+    if self.model is None: self.model = "tiny"
     if self.lora is not None and self.lora is not False:
         from composer_replication.models import LORA_DEFAULTS
         if self.lora is True: self.lora = dict(LORA_DEFAULTS)
@@ -225,6 +231,31 @@ def _loss_config(loss, alpha_sdpo, beta_replay):
         try: loss = loss.replace(**{k: v})
         except (TypeError, ValueError) as e: raise flag_error(k, str(e).removeprefix(k).lstrip(" :"), type(e)) from None
     return loss
+
+# %% ../nbs/39b_demo_config.ipynb #d11ae7ed
+ON_POLICY_ENVIRONMENTS = ("sandbox", "task_suite")   # what --environment may name (recipe_build's built-in GRPO environments)
+
+@patch
+def _check_on_policy(self:DemoConfig):
+    "--environment, --tasks and --on-policy-steps."
+    if self.environment is None:
+        for k, default in (("tasks", None), ("on_policy_steps", 2)):
+            if getattr(self, k) != default: raise flag_error(k, "sets the on-policy stage: give --environment too")
+        return
+    if self.environment not in ON_POLICY_ENVIRONMENTS:
+        raise flag_error("environment", f"must be one of {', '.join(ON_POLICY_ENVIRONMENTS)}, got {self.environment!r:.60}")
+    if isinstance(self.on_policy_steps, bool) or not isinstance(self.on_policy_steps, numbers.Integral) or self.on_policy_steps < 1:
+        raise flag_error("on_policy_steps", f"must be an int >= 1, got {self.on_policy_steps!r:.60}", TypeError if not isinstance(self.on_policy_steps, numbers.Real) else ValueError)
+    if self.lora is not None: raise flag_error("environment", "the on-policy stage trains the run's layers; it does not take --lora")
+    if self.environment == "sandbox":
+        from composer_replication.sandbox_local import local_sandbox_unavailable
+        if (why := local_sandbox_unavailable()): raise flag_error("environment", f"sandbox: {why}")
+    if self.tasks is not None:
+        p = _path("tasks", self.tasks)
+        if p.is_dir() and not (p/"manifest.json").is_file(): raise flag_error("tasks", f"{self.tasks} is a folder without manifest.json (a make_task_suite split is expected)")
+        if not p.exists(): raise flag_error("tasks", f"not found: {self.tasks}", FileNotFoundError)
+        if p.is_file() and self.environment != "sandbox": raise flag_error("tasks", "a JSONL of tasks is for --environment sandbox; task_suite takes a split folder")
+        self.tasks = str(p.absolute())
 
 # %% ../nbs/39b_demo_config.ipynb #4194460a
 def _price(it, price):

@@ -298,9 +298,10 @@ def build_trainer(recipe:Recipe, # a checked recipe (`check_recipe` is run here 
             factory, prompts = _environment(recipe)
             cls, more = OnPolicyComposerTrainer, {"environment_factory": factory}
             if recipe.collator["hint_generator"] is not None: more["hint_generator"] = collator.config.hint_generator
-            if recipe.model in BUILTIN_MODELS and getattr(tok, "response_template", None) is None:
+            if getattr(tok, "response_template", None) is None and (recipe.model in BUILTIN_MODELS or "<tool_call>" in (tok.chat_template or "")):
                 from trl.chat_template_utils import qwen3_template
-                tok.response_template = qwen3_template   # the built-in students write tool calls as Qwen does (<tool_call> JSON): TRL parses them so
+                # the built-in students (and a folder saved from one) write tool calls as Qwen does (<tool_call> JSON): TRL parses them so
+                tok.response_template = qwen3_template
         trainer = cls(model=model, reward_funcs=reward, args=args, train_dataset=prompts if prompts is not None else _prompts(recipe, data["states"]),
                       processing_class=tok, trace_dataset=examples or None, data_collator=collator if examples else None,
                       trace_batch_size=g.trace_batch_size, loss_config=recipe.loss, **more, **trainer_kwargs)
@@ -332,7 +333,7 @@ def channel_progress(total:int, # optimizer steps of the run
     return ChannelProgress()
 
 _RUN_KEYS = ("reward", "reward_std")        # GRPO's own, kept as logged
-_RUN_PREFIXES = ("env/", "on_policy/")      # an environment's episodes and the on-policy SDPO sites (`OnPolicyComposerTrainer`)
+_RUN_PREFIXES = ("env/", "on_policy/", "tools/")  # an environment's episodes, the on-policy SDPO sites (`OnPolicyComposerTrainer`), TRL's tool-call rates
 
 def run_metrics(log_history:list[dict]) -> list[dict]:
     "One row per logged step: the step, every `composer/` channel (prefix dropped), the trainer's loss; in GRPO the reward, `env/` and `on_policy/` too."

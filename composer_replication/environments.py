@@ -13,7 +13,7 @@ from .hint_generator import match_tool_results, tool_calls_of
 from .task_suite import action_matches, load_expected, suite_ingester
 from .task_suite_repos import SyntheticRepo
 
-from fastcore.basics import patch
+from fastcore.basics import patch, patch_to
 
 # %% auto #0
 __all__ = ['TASK_KINDS', 'FAIL_COST', 'SuiteTask', 'replay_calls', 'suite_tasks', 'task_solved', 'TaskSuiteEnv',
@@ -143,88 +143,100 @@ class TaskSuiteEnv:
         self.fail_cost, self.isolate_tests = float(fail_cost), isolate_tests
         self.task, self.repo, self.calls, self._outcome = None, None, [], None
 
-    def reset(self, task_id:str|None=None, **row) -> None:
-        "Start the episode `task_id` (a dataset column): a fresh repository, with a recovery's recorded prefix replayed on it."
-        if task_id not in self.tasks:
-            raise ValueError(f"reset needs the task_id of one of the environment's {len(self.tasks)} tasks (a dataset column), got {task_id!r}")
-        self.task = self.tasks[task_id]
-        self.repo, _ = replay_calls(self.task.meta, self.task.prefix_calls, isolate_tests=self.isolate_tests, log=self.task.log)
-        self.calls, self._outcome = [], None
+# %% ../nbs/25c_environments.ipynb #93b99708
+@patch
+def reset(self:TaskSuiteEnv, task_id:str|None=None, **row) -> None:
+    "Start the episode `task_id` (a dataset column): a fresh repository, with a recovery's recorded prefix replayed on it."
+    if task_id not in self.tasks:
+        raise ValueError(f"reset needs the task_id of one of the environment's {len(self.tasks)} tasks (a dataset column), got {task_id!r}")
+    self.task = self.tasks[task_id]
+    self.repo, _ = replay_calls(self.task.meta, self.task.prefix_calls, isolate_tests=self.isolate_tests, log=self.task.log)
+    self.calls, self._outcome = [], None
 
-    def _call(self, name:str, arguments:dict) -> str:
-        "Run one tool call on the episode's repository: what the model is shown (Claude Code's text, errors included)."
-        if self.repo is None: raise RuntimeError("TaskSuiteEnv: a tool call before reset(): no episode is running")
-        text, err, _ = self.repo.run(name, dict(arguments))
-        self.calls.append({"name": name, "arguments": dict(arguments), "text": text, "is_error": bool(err)})
-        self._outcome = None
-        return text
+# %% ../nbs/25c_environments.ipynb #4f73b5a7
+@patch
+def _call(self:TaskSuiteEnv, name:str, arguments:dict) -> str:
+    "Run one tool call on the episode's repository: what the model is shown (Claude Code's text, errors included)."
+    if self.repo is None: raise RuntimeError("TaskSuiteEnv: a tool call before reset(): no episode is running")
+    text, err, _ = self.repo.run(name, dict(arguments))
+    self.calls.append({"name": name, "arguments": dict(arguments), "text": text, "is_error": bool(err)})
+    self._outcome = None
+    return text
 
-    @_suite_tool
-    def Bash(self, command:str, description:str|None=None, timeout:int|None=None) -> str:
-        """Run a shell command in the repository.
+# %% ../nbs/25c_environments.ipynb #62e8eb80
+@patch_to(TaskSuiteEnv)
+@_suite_tool
+def Bash(self, command:str, description:str|None=None, timeout:int|None=None) -> str:
+    """Run a shell command in the repository.
 
-        Args:
-            command: The command to run
-            description: What the command does, in a few words
-            timeout: Milliseconds after which the command is stopped
-        """
+    Args:
+        command: The command to run
+        description: What the command does, in a few words
+        timeout: Milliseconds after which the command is stopped
+    """
 
-    @_suite_tool
-    def Edit(self, file_path:str, old_string:str, new_string:str, replace_all:bool=False) -> str:
-        """Replace old_string by new_string in a file that was read first.
+@patch_to(TaskSuiteEnv)
+@_suite_tool
+def Edit(self, file_path:str, old_string:str, new_string:str, replace_all:bool=False) -> str:
+    """Replace old_string by new_string in a file that was read first.
 
-        Args:
-            file_path: The absolute path of the file to change
-            old_string: The exact text to replace (it must occur once, unless replace_all)
-            new_string: The text to put in its place
-            replace_all: Replace every occurrence of old_string
-        """
+    Args:
+        file_path: The absolute path of the file to change
+        old_string: The exact text to replace (it must occur once, unless replace_all)
+        new_string: The text to put in its place
+        replace_all: Replace every occurrence of old_string
+    """
 
-    @_suite_tool
-    def Glob(self, pattern:str, path:str|None=None) -> str:
-        """List the files matching a glob pattern.
+# %% ../nbs/25c_environments.ipynb #ebacf1c0
+@patch_to(TaskSuiteEnv)
+@_suite_tool
+def Glob(self, pattern:str, path:str|None=None) -> str:
+    """List the files matching a glob pattern.
 
-        Args:
-            pattern: The glob pattern, such as **/*.py
-            path: The folder to search in
-        """
+    Args:
+        pattern: The glob pattern, such as **/*.py
+        path: The folder to search in
+    """
 
-    @_suite_tool
-    def Grep(self, pattern:str, path:str|None=None, glob:str|None=None) -> str:
-        """Search file contents for a regular expression.
+@patch_to(TaskSuiteEnv)
+@_suite_tool
+def Grep(self, pattern:str, path:str|None=None, glob:str|None=None) -> str:
+    """Search file contents for a regular expression.
 
-        Args:
-            pattern: The text to search for
-            path: The folder to search in
-            glob: Only search files matching this glob
-        """
+    Args:
+        pattern: The text to search for
+        path: The folder to search in
+        glob: Only search files matching this glob
+    """
 
-    @_suite_tool
-    def Read(self, file_path:str, offset:int|None=None, limit:int|None=None) -> str:
-        """Read a file (numbered lines).
+@patch_to(TaskSuiteEnv)
+@_suite_tool
+def Read(self, file_path:str, offset:int|None=None, limit:int|None=None) -> str:
+    """Read a file (numbered lines).
 
-        Args:
-            file_path: The absolute path of the file to read
-            offset: The line to start from
-            limit: How many lines to read
-        """
+    Args:
+        file_path: The absolute path of the file to read
+        offset: The line to start from
+        limit: How many lines to read
+    """
 
-    @property
-    def outcome(self) -> dict:
-        "The episode so far: solved, recovered (a recovery: its first call is the right one), calls, failed calls and the reward."
-        if self.task is None: raise RuntimeError("TaskSuiteEnv.outcome before reset(): no episode is running")
-        if self._outcome is None:
-            solved = task_solved(self.task, self.repo)
-            rec = None
-            if self.task.expected is not None:
-                first = self.calls[:1]
-                rec = bool(first) and action_matches([{"type": "tool_use", "name": c["name"], "input": c["arguments"]} for c in first],
-                                                     self.task.expected)
-            failed = sum(c["is_error"] for c in self.calls)
-            success = float(solved) if rec is None else (float(rec) + float(solved)) / 2
-            self._outcome = {"solved": solved, "recovered": rec, "calls": len(self.calls), "failed_calls": failed,
-                             "reward": success - self.fail_cost * failed}
-        return dict(self._outcome)
+# %% ../nbs/25c_environments.ipynb #2950a9c8
+@patch(as_prop=True)
+def outcome(self:TaskSuiteEnv) -> dict:
+    "The episode so far: solved, recovered (a recovery: its first call is the right one), calls, failed calls and the reward."
+    if self.task is None: raise RuntimeError("TaskSuiteEnv.outcome before reset(): no episode is running")
+    if self._outcome is None:
+        solved = task_solved(self.task, self.repo)
+        rec = None
+        if self.task.expected is not None:
+            first = self.calls[:1]
+            rec = bool(first) and action_matches([{"type": "tool_use", "name": c["name"], "input": c["arguments"]} for c in first],
+                                                 self.task.expected)
+        failed = sum(c["is_error"] for c in self.calls)
+        success = float(solved) if rec is None else (float(rec) + float(solved)) / 2
+        self._outcome = {"solved": solved, "recovered": rec, "calls": len(self.calls), "failed_calls": failed,
+                         "reward": success - self.fail_cost * failed}
+    return dict(self._outcome)
 
 # %% ../nbs/25c_environments.ipynb #d865fc8f
 @patch

@@ -12,6 +12,7 @@ from collections import abc
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from fastcore.basics import patch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -162,16 +163,7 @@ class LossConfig:
         for k, (lo, hi, lo_closed, hi_closed, none_ok) in _RANGES.items():
             object.__setattr__(self, k, check_range(getattr(self, k), k, lo, hi, lo_closed=lo_closed, hi_closed=hi_closed, none_ok=none_ok))
 
-    def to_dict(self)->dict:
-        "The options as a plain dict (JSON- and YAML-ready)."
-        return {f.name: dict(v) if isinstance(v := getattr(self, f.name), dict) else v for f in dataclasses.fields(self)}
-
     def __hash__(self): return hash(repr(sorted(self.to_dict().items())))   # the options dicts hashed by value
-
-    def __setstate__(self, state):
-        "Unpickled (another process): its criteria resolved and registered there too, so a name from a user's package is found."
-        self.__dict__.update(state)
-        for option, registry in (("dpo_variant", REPLAY_CRITERIA), ("sdpo_wrapper", SDPO_CRITERIA)): _criterion(registry, getattr(self, option), option)
 
     @classmethod
     def from_dict(cls,
@@ -181,14 +173,6 @@ class LossConfig:
         if not isinstance(d, abc.Mapping): raise TypeError(f"LossConfig.from_dict needs a dict of options, got {type(d).__name__}")
         if (bad := _unknown(d, LOSS_OPTIONS)): raise ValueError(f"unknown loss option(s) {bad}{_did_you_mean(bad, LOSS_OPTIONS)}; the options are {list(LOSS_OPTIONS)}")
         return cls(**d)
-
-    def replace(self, **changes)->LossConfig:
-        "A checked copy with `changes` applied."
-        if (bad := _unknown(changes, LOSS_OPTIONS)):
-            raise TypeError(f"LossConfig.replace() got unknown option(s) {bad}{_did_you_mean(bad, LOSS_OPTIONS)}")
-        for option, opts in (("sdpo_wrapper", "sdpo_options"), ("dpo_variant", "replay_options")):
-            if changes.get(option, getattr(self, option)) != getattr(self, option): changes.setdefault(opts, None)   # another criterion: its own defaults
-        return dataclasses.replace(self, **changes)
 
     @property
     def sdpo_criterion(self)->Callable:
@@ -200,12 +184,37 @@ class LossConfig:
         "The channel-3 ReplayCriterion `dpo_variant` names."
         return _criterion(REPLAY_CRITERIA, self.dpo_variant, "dpo_variant")
 
-    def check_ready(self):
-        "Refuse a config that leaves unset what a run needs (the trainers fill TAID's t at every step)."
-        if self.sdpo_wrapper == "taid" and self.taid_t is None:
-            raise ValueError('sdpo_wrapper="taid" requires taid_t (a float in [0, 1], e.g. from TAIDScheduler.t)')
-
 LOSS_OPTIONS = tuple(f.name for f in dataclasses.fields(LossConfig))
+
+# %% ../nbs/06b_loss_config.ipynb #144bbfdf
+@patch
+def to_dict(self:LossConfig)->dict:
+    "The options as a plain dict (JSON- and YAML-ready)."
+    return {f.name: dict(v) if isinstance(v := getattr(self, f.name), dict) else v for f in dataclasses.fields(self)}
+
+# %% ../nbs/06b_loss_config.ipynb #f5b94bd0
+@patch
+def __setstate__(self:LossConfig, state):
+    "Unpickled (another process): its criteria resolved and registered there too, so a name from a user's package is found."
+    self.__dict__.update(state)
+    for option, registry in (("dpo_variant", REPLAY_CRITERIA), ("sdpo_wrapper", SDPO_CRITERIA)): _criterion(registry, getattr(self, option), option)
+
+# %% ../nbs/06b_loss_config.ipynb #9326f2af
+@patch
+def replace(self:LossConfig, **changes)->LossConfig:
+    "A checked copy with `changes` applied."
+    if (bad := _unknown(changes, LOSS_OPTIONS)):
+        raise TypeError(f"LossConfig.replace() got unknown option(s) {bad}{_did_you_mean(bad, LOSS_OPTIONS)}")
+    for option, opts in (("sdpo_wrapper", "sdpo_options"), ("dpo_variant", "replay_options")):
+        if changes.get(option, getattr(self, option)) != getattr(self, option): changes.setdefault(opts, None)   # another criterion: its own defaults
+    return dataclasses.replace(self, **changes)
+
+# %% ../nbs/06b_loss_config.ipynb #2e7d9881
+@patch
+def check_ready(self:LossConfig):
+    "Refuse a config that leaves unset what a run needs (the trainers fill TAID's t at every step)."
+    if self.sdpo_wrapper == "taid" and self.taid_t is None:
+        raise ValueError('sdpo_wrapper="taid" requires taid_t (a float in [0, 1], e.g. from TAIDScheduler.t)')
 
 # %% ../nbs/06b_loss_config.ipynb #ca203c1c
 def _unknown(d, allowed): return sorted(set(d) - set(allowed), key=repr)

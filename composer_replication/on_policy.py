@@ -8,6 +8,7 @@ import copy
 from typing import Callable
 
 import torch
+from fastcore.basics import patch
 
 from .hint_generator import dispatch
 from .loss import sdpo_channel_loss
@@ -75,78 +76,84 @@ class OnPolicyComposerTrainer(RolloutMessagesAdapter, OnPolicyRowsAdapter, OnPol
         self.hint_generator, self.hint_role = hint_generator, hint_role
         self._rollout_prompts, self._rollout_completions = None, None
 
-    def _tool_errors(self, env, completion:list[dict]) -> list[bool]:
-        "Whether each tool result of a rollout is an error: the environment's record of its calls, else TRL's own error (`{'error': ...}`)."
-        log, k, out = getattr(env, "calls", []), 0, []
-        for m in completion:
-            if m.get("role") != "tool": continue
-            if k < len(log) and log[k]["text"] == m.get("content"): out.append(log[k]["is_error"]); k += 1
-            else: out.append(str(m.get("content")).startswith("{'error'"))
-        return out
+# %% ../nbs/25f_on_policy.ipynb #7ad5e0ec
+@patch
+def _tool_errors(self:OnPolicyComposerTrainer, env, completion:list[dict]) -> list[bool]:
+    "Whether each tool result of a rollout is an error: the environment's record of its calls, else TRL's own error (`{'error': ...}`)."
+    log, k, out = getattr(env, "calls", []), 0, []
+    for m in completion:
+        if m.get("role") != "tool": continue
+        if k < len(log) and log[k]["text"] == m.get("content"): out.append(log[k]["is_error"]); k += 1
+        else: out.append(str(m.get("content")).startswith("{'error'"))
+    return out
 
-    def _on_policy_rows(self, inputs:list[dict], out:dict) -> dict:
-        "Channel 2's rows for this generation batch (first dimension B) and its global number of target tokens."
-        from accelerate.utils import gather_object
-        envs, comps, prompts = self.environments or [None] * len(inputs), self._rollout_completions, self._rollout_prompts
-        tm = out.get("tool_mask", torch.ones_like(out["completion_mask"]))
-        outcomes = [e.outcome if hasattr(type(e), "outcome") and getattr(e, "task", None) is not None else None for e in envs]   # TaskSuiteEnv, RepoEnv
-        errors = [self._tool_errors(e, c) for e, c in zip(envs, comps)]
-        # what worked in a successful rollout of the same task (any process): the solution a hint may carry
-        mine = [(o and e.task.task_id, [{"name": c["name"], "arguments": c["arguments"]} for c in e.calls if not c["is_error"]])
-                for e, o in zip(envs, outcomes) if o is not None and o["solved"]]
-        peers = {}
-        for tid, calls in gather_object(mine): peers.setdefault(tid, calls)
-        tools = self._env_tools[None] if getattr(self, "_env_tools", None) and None in self._env_tools else self.tools
-        rows, stats = [], {"sites": 0, "with_solution": 0, "targets": 0}
-        for b in range(len(inputs)):
-            p_ids = out["prompt_ids"][b][out["prompt_mask"][b].bool()].tolist()
-            n = int(out["completion_mask"][b].sum())
-            c_ids, mask = out["completion_ids"][b][:n].tolist(), tm[b][:n].tolist()
-            tid = outcomes[b] is not None and envs[b].task.task_id
-            peer = peers.get(tid) if tid else None
-            r = rollout_sdpo_row(self.processing_class, prompts[b], p_ids, c_ids, mask, comps[b], errors[b], hint_generator=self.hint_generator,
-                                 peer_calls=peer, tools=tools, chat_template=self.chat_template, hint_role=self.hint_role,
-                                 chat_template_kwargs=self.chat_template_kwargs)
-            stats["sites"] += len(r["sites"]); stats["with_solution"] += sum(s["solution"] is not None for s in r["sites"])
-            stats["targets"] += sum(r["student_mask"]); rows.append(r)
-        dev, pad = out["completion_ids"].device, self.processing_class.pad_token_id
-        new = {"sdpo_input_ids": _pad_rows([r["student_ids"] for r in rows], pad), "sdpo_attention_mask": _pad_rows([[1] * len(r["student_ids"]) for r in rows], 0),
-               "ctx_teacher_input_ids": _pad_rows([r["teacher_ids"] for r in rows], pad),
-               "ctx_teacher_attention_mask": _pad_rows([[1] * len(r["teacher_ids"]) for r in rows], 0),
-               "sdpo_student_mask": _pad_rows([r["student_mask"] for r in rows], 0), "sdpo_loss_mask": _pad_rows([r["teacher_mask"] for r in rows], 0)}
-        new = {k: v.to(dev) for k, v in new.items()}
-        new["sdpo_num_targets"] = self.accelerator.gather(torch.tensor(float(stats["targets"]), device=dev).reshape(1)).sum()   # 0-dim: every micro-batch gets it
-        m = self._metrics["train"]
-        for k, v in stats.items(): m[f"on_policy/{k}"].append(float(v))
-        for k in ("solved", "recovered", "failed_calls"):
-            vals = [float(o[k]) for o in outcomes if o is not None and o[k] is not None]
-            if vals: m[f"env/{k}"].append(sum(vals) / len(vals))
-        return new
+# %% ../nbs/25f_on_policy.ipynb #719a7db4
+@patch
+def _on_policy_rows(self:OnPolicyComposerTrainer, inputs:list[dict], out:dict) -> dict:
+    "Channel 2's rows for this generation batch (first dimension B) and its global number of target tokens."
+    from accelerate.utils import gather_object
+    envs, comps, prompts = self.environments or [None] * len(inputs), self._rollout_completions, self._rollout_prompts
+    tm = out.get("tool_mask", torch.ones_like(out["completion_mask"]))
+    outcomes = [e.outcome if hasattr(type(e), "outcome") and getattr(e, "task", None) is not None else None for e in envs]   # TaskSuiteEnv, RepoEnv
+    errors = [self._tool_errors(e, c) for e, c in zip(envs, comps)]
+    # what worked in a successful rollout of the same task (any process): the solution a hint may carry
+    mine = [(o and e.task.task_id, [{"name": c["name"], "arguments": c["arguments"]} for c in e.calls if not c["is_error"]])
+            for e, o in zip(envs, outcomes) if o is not None and o["solved"]]
+    peers = {}
+    for tid, calls in gather_object(mine): peers.setdefault(tid, calls)
+    tools = self._env_tools[None] if getattr(self, "_env_tools", None) and None in self._env_tools else self.tools
+    rows, stats = [], {"sites": 0, "with_solution": 0, "targets": 0}
+    for b in range(len(inputs)):
+        p_ids = out["prompt_ids"][b][out["prompt_mask"][b].bool()].tolist()
+        n = int(out["completion_mask"][b].sum())
+        c_ids, mask = out["completion_ids"][b][:n].tolist(), tm[b][:n].tolist()
+        tid = outcomes[b] is not None and envs[b].task.task_id
+        peer = peers.get(tid) if tid else None
+        r = rollout_sdpo_row(self.processing_class, prompts[b], p_ids, c_ids, mask, comps[b], errors[b], hint_generator=self.hint_generator,
+                             peer_calls=peer, tools=tools, chat_template=self.chat_template, hint_role=self.hint_role,
+                             chat_template_kwargs=self.chat_template_kwargs)
+        stats["sites"] += len(r["sites"]); stats["with_solution"] += sum(s["solution"] is not None for s in r["sites"])
+        stats["targets"] += sum(r["student_mask"]); rows.append(r)
+    dev, pad = out["completion_ids"].device, self.processing_class.pad_token_id
+    new = {"sdpo_input_ids": _pad_rows([r["student_ids"] for r in rows], pad), "sdpo_attention_mask": _pad_rows([[1] * len(r["student_ids"]) for r in rows], 0),
+           "ctx_teacher_input_ids": _pad_rows([r["teacher_ids"] for r in rows], pad),
+           "ctx_teacher_attention_mask": _pad_rows([[1] * len(r["teacher_ids"]) for r in rows], 0),
+           "sdpo_student_mask": _pad_rows([r["student_mask"] for r in rows], 0), "sdpo_loss_mask": _pad_rows([r["teacher_mask"] for r in rows], 0)}
+    new = {k: v.to(dev) for k, v in new.items()}
+    new["sdpo_num_targets"] = self.accelerator.gather(torch.tensor(float(stats["targets"]), device=dev).reshape(1)).sum()   # 0-dim: every micro-batch gets it
+    m = self._metrics["train"]
+    for k, v in stats.items(): m[f"on_policy/{k}"].append(float(v))
+    for k in ("solved", "recovered", "failed_calls"):
+        vals = [float(o[k]) for o in outcomes if o is not None and o[k] is not None]
+        if vals: m[f"env/{k}"].append(sum(vals) / len(vals))
+    return new
 
-    def _on_policy_loss(self, model, # the model as the trainer calls it (DDP/FSDP wrapper or not)
-                        inputs:dict, # a training micro-batch with channel 2's rows (`_on_policy_rows`)
-                       ) -> torch.Tensor: # the micro-batch's loss, 0-dim
-        "GRPO + α·SDPO on the rollouts (normalised as TRL normalises DAPO, by the generation batch's targets) + β·trace-replay DPO."
-        batch = self._next_trace_batch()   # channel 3's pairs (channel 2 is on-policy here: the trace batch's SDPO rows are not used)
-        replay_share = 0.0
-        if batch is not None:
-            replay_share = float(self._global_share(self._batch_counts(batch), self._global_sum(self._batch_counts(batch)))[2])
-        n, N = float(inputs["sdpo_student_mask"].sum()), float(inputs["sdpo_num_targets"])
-        norm = N / self._world * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-        sdpo_share = n / norm if N > 0 else 0.0
-        rows = {"input_ids": inputs["sdpo_input_ids"], "attention_mask": inputs["sdpo_attention_mask"],
-                **{k: inputs[k] for k in ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask", "sdpo_student_mask")}}
-        inner = self.accelerator.unwrap_model(model)
-        def loss():   # one forward pass of the wrapper: GRPO, the rollouts' SDPO, the pairs' DPO
-            grpo = GRPOTrainerBase._compute_loss(self, inner, inputs)   # TRL's GRPO loss alone: the trace channels are added here
-            sdpo = sdpo_channel_loss(loss_view(inner), rows, config=self._step_config())
-            sdpo = self._zero(inner) if sdpo is None else sdpo
-            replay = self._compute_trace_replay_loss(loss_view(inner), batch) if batch is not None else self._zero(inner)
-            return grpo, sdpo * sdpo_share, replay * replay_share
-        grpo, sdpo, replay = run_as_forward(model, inner, loss)
-        ga = self.current_gradient_accumulation_steps
-        m = self._channel_metrics
-        m["composer/grpo"].append(grpo.detach() * ga); m["composer/sdpo_jsd"].append(sdpo.detach() * ga)
-        m["composer/trace_replay_dpo"].append(replay.detach())
-        self._last_sdpo = sdpo.detach()
-        return grpo + self.alpha_sdpo * sdpo + self.beta_replay * replay / ga
+# %% ../nbs/25f_on_policy.ipynb #ada3e547
+@patch
+def _on_policy_loss(self:OnPolicyComposerTrainer, model, # the model as the trainer calls it (DDP/FSDP wrapper or not)
+                    inputs:dict, # a training micro-batch with channel 2's rows (`_on_policy_rows`)
+                   ) -> torch.Tensor: # the micro-batch's loss, 0-dim
+    "GRPO + α·SDPO on the rollouts (normalised as TRL normalises DAPO, by the generation batch's targets) + β·trace-replay DPO."
+    batch = self._next_trace_batch()   # channel 3's pairs (channel 2 is on-policy here: the trace batch's SDPO rows are not used)
+    replay_share = 0.0
+    if batch is not None:
+        replay_share = float(self._global_share(self._batch_counts(batch), self._global_sum(self._batch_counts(batch)))[2])
+    n, N = float(inputs["sdpo_student_mask"].sum()), float(inputs["sdpo_num_targets"])
+    norm = N / self._world * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+    sdpo_share = n / norm if N > 0 else 0.0
+    rows = {"input_ids": inputs["sdpo_input_ids"], "attention_mask": inputs["sdpo_attention_mask"],
+            **{k: inputs[k] for k in ("ctx_teacher_input_ids", "ctx_teacher_attention_mask", "sdpo_loss_mask", "sdpo_student_mask")}}
+    inner = self.accelerator.unwrap_model(model)
+    def loss():   # one forward pass of the wrapper: GRPO, the rollouts' SDPO, the pairs' DPO
+        grpo = GRPOTrainerBase._compute_loss(self, inner, inputs)   # TRL's GRPO loss alone: the trace channels are added here
+        sdpo = sdpo_channel_loss(loss_view(inner), rows, config=self._step_config())
+        sdpo = self._zero(inner) if sdpo is None else sdpo
+        replay = self._compute_trace_replay_loss(loss_view(inner), batch) if batch is not None else self._zero(inner)
+        return grpo, sdpo * sdpo_share, replay * replay_share
+    grpo, sdpo, replay = run_as_forward(model, inner, loss)
+    ga = self.current_gradient_accumulation_steps
+    m = self._channel_metrics
+    m["composer/grpo"].append(grpo.detach() * ga); m["composer/sdpo_jsd"].append(sdpo.detach() * ga)
+    m["composer/trace_replay_dpo"].append(replay.detach())
+    self._last_sdpo = sdpo.detach()
+    return grpo + self.alpha_sdpo * sdpo + self.beta_replay * replay / ga

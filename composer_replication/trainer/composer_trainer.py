@@ -241,34 +241,6 @@ class ComposerOfflineTrainer(ChannelTrainerMixin, _DiLoCoMixin, Trainer):
         self._micro_counts, self._window, self._window_steps, self._micro, self._last_sdpo = per, per.sum(0), len(batches), 0, None
         return batches, n_items
 
-    def _components(self, model, inputs):
-        "`compose_loss` (reference log-probs first, where missing) on the unwrapped model, run as the wrapper's forward pass."
-        inner = self.accelerator.unwrap_model(model)
-        if self._same_forwards and model.training and self._micro_counts is not None and self._micro < len(self._micro_counts):
-            inputs = self._stand_ins(inputs, self._micro_counts[self._micro])   # what any process runs in this micro-batch, this one runs
-        def loss():
-            c = compose_loss(loss_view(inner), self._with_ref_logprobs(inputs, inner), self._step_config())
-            return c.lm_ce, c.sdpo_jsd, c.trace_replay_dpo
-        return run_as_forward(model, inner, loss)
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        "`compose_loss` on the batch, each channel's mean weighted by this batch's share of the step's global count; records each channel."
-        lm, sdpo, replay = self._components(model, inputs)   # (stand-ins, under FSDP, add forwards but no weight: shares use `inputs`)
-        if model.training:
-            self._micro += 1
-            if self._window is not None:   # the step's counts over every micro-batch and process (`get_batch_samples`)
-                share = self._global_share(self._batch_counts(inputs), self._window)
-            else:                           # called outside the training loop: this batch's own means
-                share = torch.ones(3, dtype=torch.float64)
-            lm, sdpo, replay = (x * float(s) for x, s in zip((lm, sdpo, replay), share))
-        total = lm + self.alpha_sdpo * sdpo + self.beta_replay * replay
-        if model.training:   # logged per micro-batch; their mean over a step (x its micro-batches) and over the processes is the step's value
-            ga = max(self._window_steps, 1)
-            for k, v in (("lm_ce", lm), ("sdpo_jsd", sdpo), ("trace_replay_dpo", replay), ("total", total)):
-                self._channel_metrics[f"composer/{k}"].append(v.detach() * ga)
-            self._last_sdpo = sdpo.detach() if self._last_sdpo is None else self._last_sdpo + sdpo.detach()
-        return (total, None) if return_outputs else total
-
     def log(self, logs:dict, start_time=None):
         "Add the channels' averages since the last log (over all processes)."
         had = bool(self._channel_metrics) and "loss" in logs
@@ -280,6 +252,38 @@ class ComposerOfflineTrainer(ChannelTrainerMixin, _DiLoCoMixin, Trainer):
         "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."
         resume_taid_scheduler(self, resume_from_checkpoint)
         return self._train_with_diloco(super().train, resume_from_checkpoint, **kwargs)
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #d2f0abae
+@patch
+def _components(self:ComposerOfflineTrainer, model, inputs):
+    "`compose_loss` (reference log-probs first, where missing) on the unwrapped model, run as the wrapper's forward pass."
+    inner = self.accelerator.unwrap_model(model)
+    if self._same_forwards and model.training and self._micro_counts is not None and self._micro < len(self._micro_counts):
+        inputs = self._stand_ins(inputs, self._micro_counts[self._micro])   # what any process runs in this micro-batch, this one runs
+    def loss():
+        c = compose_loss(loss_view(inner), self._with_ref_logprobs(inputs, inner), self._step_config())
+        return c.lm_ce, c.sdpo_jsd, c.trace_replay_dpo
+    return run_as_forward(model, inner, loss)
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #5b3ccfde
+@patch
+def compute_loss(self:ComposerOfflineTrainer, model, inputs, return_outputs=False, num_items_in_batch=None):
+    "`compose_loss` on the batch, each channel's mean weighted by this batch's share of the step's global count; records each channel."
+    lm, sdpo, replay = self._components(model, inputs)   # (stand-ins, under FSDP, add forwards but no weight: shares use `inputs`)
+    if model.training:
+        self._micro += 1
+        if self._window is not None:   # the step's counts over every micro-batch and process (`get_batch_samples`)
+            share = self._global_share(self._batch_counts(inputs), self._window)
+        else:                           # called outside the training loop: this batch's own means
+            share = torch.ones(3, dtype=torch.float64)
+        lm, sdpo, replay = (x * float(s) for x, s in zip((lm, sdpo, replay), share))
+    total = lm + self.alpha_sdpo * sdpo + self.beta_replay * replay
+    if model.training:   # logged per micro-batch; their mean over a step (x its micro-batches) and over the processes is the step's value
+        ga = max(self._window_steps, 1)
+        for k, v in (("lm_ce", lm), ("sdpo_jsd", sdpo), ("trace_replay_dpo", replay), ("total", total)):
+            self._channel_metrics[f"composer/{k}"].append(v.detach() * ga)
+        self._last_sdpo = sdpo.detach() if self._last_sdpo is None else self._last_sdpo + sdpo.detach()
+    return (total, None) if return_outputs else total
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #cfda19a3
 try:
@@ -300,6 +304,13 @@ def _trace_shards(n:int, # traces in the dataset
         while len(pool) < size: pool += torch.randperm(n, generator=g).tolist()
         batch, pool = pool[:size], pool[size:]
         yield batch[rank * per_process:(rank + 1) * per_process]
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #363e0fab
+def _check_trace_args(trace_dataset, data_collator, trace_batch_size:int):
+    "Refuse a trace set without a collator, or a trace batch size below 1."
+    if trace_dataset is not None and data_collator is None:
+        raise ValueError("trace_dataset needs data_collator=ComposerDataCollator(tokenizer, config) to collate trace batches")
+    if trace_batch_size < 1: raise ValueError(f"trace_batch_size must be >= 1, got {trace_batch_size}")
 
 # %% ../../nbs/21_trainer.composer_trainer.ipynb #5f9f3016
 class ComposerReplicationTrainer(ChannelTrainerMixin, _DiLoCoMixin, GRPOTrainerBase):
@@ -325,9 +336,7 @@ class ComposerReplicationTrainer(ChannelTrainerMixin, _DiLoCoMixin, GRPOTrainerB
         if config.lm_ce_label_smoothing != 0:
             raise ValueError(f"{where}: lm_ce_label_smoothing has no effect here (channel 1 is GRPO, not cross-entropy); leave it 0, "
                              f"got {config.lm_ce_label_smoothing}")
-        if trace_dataset is not None and data_collator is None:
-            raise ValueError("trace_dataset needs data_collator=ComposerDataCollator(tokenizer, config) to collate trace batches")
-        if trace_batch_size < 1: raise ValueError(f"trace_batch_size must be >= 1, got {trace_batch_size}")
+        _check_trace_args(trace_dataset, data_collator, trace_batch_size)
         dl = _diloco_settings(diloco, where)
         super().__init__(*args, **kwargs)
         self._init_channels(self.model, config, ref_model=ref_model, taid_scheduler=taid_scheduler)
@@ -338,54 +347,17 @@ class ComposerReplicationTrainer(ChannelTrainerMixin, _DiLoCoMixin, GRPOTrainerB
         self.add_callback(TAIDSchedulerCallback(self))
         self._init_diloco(dl, where)
 
-    def _next_trace_batch(self) -> dict|None:
-        "This process's slice of the next global trace batch (shuffled with the trainer's seed, cycled), collated, on the model's device."
-        if not self.trace_dataset: return None
-        if self._trace_iter is None:
-            self._trace_iter = _trace_shards(len(self.trace_dataset), self.trace_batch_size, self._world,
-                                             self.accelerator.process_index, self.args.seed)
-        batch = self.trace_collator([self.trace_dataset[i] for i in next(self._trace_iter)])
-        return {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-
     @staticmethod
     def _sequence_logprobs(model, input_ids, response_mask):
         "Summed log-prob of each row's response tokens (standard DPO accounting)."
         return model_sequence_logprobs(model, input_ids, response_mask)
-
-    def _zero(self, model): return torch.zeros((), device=next(model.parameters()).device, requires_grad=True)
-
-    def _compute_sdpo_loss(self, model, inputs):
-        "Channel 2 on a trace batch (0 with a gradient when its weight is 0 or its keys are missing)."
-        if self.alpha_sdpo == 0: return self._zero(model)
-        loss = sdpo_channel_loss(model, inputs, config=self._step_config())
-        return self._zero(model) if loss is None else loss
-
-    def _compute_trace_replay_loss(self, model, inputs):
-        "Channel 3 (DPO or SimPO) on a trace batch's pairs (0 with a gradient when there are none)."
-        if self.beta_replay == 0: return self._zero(model)
-        loss = replay_channel_loss(model, self._with_ref_logprobs(inputs), config=self.loss_config)
-        return self._zero(model) if loss is None else loss
 
     def _compute_loss(self, model, inputs):
         "GRPO's loss plus the trace channels (each weighted by this process's share of its global count, divided by GA like GRPO's)."
         if not model.training: return super()._compute_loss(model, inputs)
         batch = self._next_trace_batch()
         if batch is None: return super()._compute_loss(model, inputs)
-        counts = self._global_sum(self._batch_counts(batch))   # one collective per micro-batch
-        share = self._global_share(self._batch_counts(batch), counts)
-        if self._same_forwards: batch = self._stand_ins(batch, counts)   # FSDP: the channels another process runs, this one runs too
-        inner = self.accelerator.unwrap_model(model)
-        def loss():   # one forward pass of the wrapper for GRPO and both trace channels
-            return (super(ComposerReplicationTrainer, self)._compute_loss(inner, inputs),
-                    self._compute_sdpo_loss(loss_view(inner), batch) * float(share[1]),
-                    self._compute_trace_replay_loss(loss_view(inner), batch) * float(share[2]))
-        grpo, sdpo, replay = run_as_forward(model, inner, loss)
-        ga = self.current_gradient_accumulation_steps
-        m = self._channel_metrics   # detached tensors; floats at logging time (`log`), averaged over the processes there
-        m["composer/grpo"].append(grpo.detach() * ga)
-        m["composer/sdpo_jsd"].append(sdpo.detach()); m["composer/trace_replay_dpo"].append(replay.detach())
-        self._last_sdpo = sdpo.detach()
-        return grpo + (self.alpha_sdpo * sdpo + self.beta_replay * replay) / ga
+        return self._with_trace_channels(model, inputs, batch)
 
     def log(self, logs:dict, start_time=None):
         "Add the trace channels' averages since the last log (over all processes; floats here, once per log)."
@@ -395,3 +367,53 @@ class ComposerReplicationTrainer(ChannelTrainerMixin, _DiLoCoMixin, GRPOTrainerB
         "Train (resuming the TAID scheduler and the DiLoCo outer state with the trainer state)."
         resume_taid_scheduler(self, resume_from_checkpoint)
         return self._train_with_diloco(super().train, resume_from_checkpoint, **kwargs)
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #eb8bc76d
+@patch
+def _next_trace_batch(self:ComposerReplicationTrainer) -> dict|None:
+    "This process's slice of the next global trace batch (shuffled with the trainer's seed, cycled), collated, on the model's device."
+    if not self.trace_dataset: return None
+    if self._trace_iter is None:
+        self._trace_iter = _trace_shards(len(self.trace_dataset), self.trace_batch_size, self._world,
+                                         self.accelerator.process_index, self.args.seed)
+    batch = self.trace_collator([self.trace_dataset[i] for i in next(self._trace_iter)])
+    return {k: v.to(self.accelerator.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #0308a059
+@patch
+def _zero(self:ComposerReplicationTrainer, model): return torch.zeros((), device=next(model.parameters()).device, requires_grad=True)
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #10c86d05
+@patch
+def _compute_sdpo_loss(self:ComposerReplicationTrainer, model, inputs):
+    "Channel 2 on a trace batch (0 with a gradient when its weight is 0 or its keys are missing)."
+    if self.alpha_sdpo == 0: return self._zero(model)
+    loss = sdpo_channel_loss(model, inputs, config=self._step_config())
+    return self._zero(model) if loss is None else loss
+
+@patch
+def _compute_trace_replay_loss(self:ComposerReplicationTrainer, model, inputs):
+    "Channel 3 (DPO or SimPO) on a trace batch's pairs (0 with a gradient when there are none)."
+    if self.beta_replay == 0: return self._zero(model)
+    loss = replay_channel_loss(model, self._with_ref_logprobs(inputs), config=self.loss_config)
+    return self._zero(model) if loss is None else loss
+
+# %% ../../nbs/21_trainer.composer_trainer.ipynb #64ef6187
+@patch
+def _with_trace_channels(self:ComposerReplicationTrainer, model, inputs, batch):
+    "GRPO's loss on `inputs` plus the trace channels on `batch`, run as one forward pass of the wrapper; records each channel."
+    counts = self._global_sum(self._batch_counts(batch))   # one collective per micro-batch
+    share = self._global_share(self._batch_counts(batch), counts)
+    if self._same_forwards: batch = self._stand_ins(batch, counts)   # FSDP: the channels another process runs, this one runs too
+    inner = self.accelerator.unwrap_model(model)
+    def loss():   # one forward pass of the wrapper for GRPO and both trace channels
+        return (super(ComposerReplicationTrainer, self)._compute_loss(inner, inputs),
+                self._compute_sdpo_loss(loss_view(inner), batch) * float(share[1]),
+                self._compute_trace_replay_loss(loss_view(inner), batch) * float(share[2]))
+    grpo, sdpo, replay = run_as_forward(model, inner, loss)
+    ga = self.current_gradient_accumulation_steps
+    m = self._channel_metrics   # detached tensors; floats at logging time (`log`), averaged over the processes there
+    m["composer/grpo"].append(grpo.detach() * ga)
+    m["composer/sdpo_jsd"].append(sdpo.detach()); m["composer/trace_replay_dpo"].append(replay.detach())
+    self._last_sdpo = sdpo.detach()
+    return grpo + (self.alpha_sdpo * sdpo + self.beta_replay * replay) / ga

@@ -5,7 +5,6 @@
 # %% ../../nbs/20_trainer.data_collator.ipynb #24e3f548
 from __future__ import annotations
 
-import hashlib
 import math
 import numbers
 import struct
@@ -15,11 +14,13 @@ from pathlib import Path
 from typing import Any, Callable, Sequence, TypedDict
 
 import torch
+from fastcore.basics import patch
 
 from ..hint_generator import classify_error, dispatch, match_tool_results, tool_calls_of
 from ..ingestion.core import action_to_message, as_blocks
 from ..checks import check_positive_int
 from ..loss_forward import check_model, has_replay_inputs, model_pair_logprobs, model_vocab_size
+from .content_key import content_key
 from .messages import (
     TokenizerLike, TraceTurn, assistant_spans, check_tools, clean_text, messages_from_turns, render_conversation, tokenize_conversation)
 from .windows import (
@@ -112,35 +113,6 @@ def _reward(r, where:str, key:str) -> float|None:
     except OverflowError: raise ValueError(f"{where}: {key} must be finite in float32 (the rewards tensor), got {r!r:.40}") from None
     return f
 
-class _Uncacheable(Exception): pass
-
-# %% ../../nbs/20_trainer.data_collator.ipynb #e5a8e09f
-def _key_parts(x, out:list, depth:int=0):
-    "Append a type-tagged, length-prefixed encoding of `x` to `out` (dict keys sorted): equal parts iff equal content and types."
-    t = type(x)
-    if t is str: b = x.encode("utf-8", "surrogatepass"); out += (b"s%d:" % len(b), b)
-    elif x is None: out.append(b"N")
-    elif t is bool: out.append(b"T" if x else b"F")
-    elif t is int: out.append(b"i%d;" % x)
-    elif t is float: out.append(b"f" + struct.pack("<d", x))   # the exact bits: nan != None, -0.0 != 0.0, 1.0 != 1
-    elif depth > 100: raise _Uncacheable
-    elif t is list or t is tuple:
-        out.append(b"%s%d:" % (b"l" if t is list else b"t", len(x)))
-        for v in x: _key_parts(v, out, depth + 1)
-    elif t is dict:
-        out.append(b"d%d:" % len(x))
-        try: ks = sorted(x)   # string keys, the usual case
-        except TypeError: ks = sorted(x, key=lambda k: (type(k).__name__, repr(k)))
-        for k in ks: _key_parts(k, out, depth + 1); _key_parts(x[k], out, depth + 1)
-    else: raise _Uncacheable   # other types (numpy scalars, objects) have no exact encoding here
-
-def _content_key(ex) -> bytes|None:
-    "A digest of `ex` that differs whenever the content or a value's type differs; None if `ex` holds other types."
-    out = []
-    try: _key_parts(ex, out)
-    except _Uncacheable: return None
-    return hashlib.blake2b(b"".join(out), digest_size=20).digest()
-
 # %% ../../nbs/20_trainer.data_collator.ipynb #2fced30a
 @dataclass
 class ComposerDataCollator:
@@ -154,213 +126,229 @@ class ComposerDataCollator:
             raise ValueError("ComposerDataCollator needs a tokenizer with a chat template (tokenizer.chat_template is empty)")
         self._cache: dict = {}
 
-    # -- channel 1 and 2 ------------------------------------------------------------------------------------
-    def _sites(self, msgs:list[dict], turn_of:list[int], sols:dict[int, str|None], stats:Counter|None=None) -> dict[int, list[str]]:
-        "Target assistant message index -> hints, from the error sites of a conversation (only turns that train are distilled)."
-        cfg, out, st = self.config, {}, self.stats if stats is None else stats
-        answers = match_tool_results(msgs)   # by id, else by position
-        for j, m in enumerate(msgs):
-            if m["role"] != "tool" or not m.get("is_error"): continue
-            st["sdpo_error_sites"] += 1
-            failed, k = answers.get(j, (None, None))
-            fn = tool_calls_of(msgs[failed])[k].get("function", {}) if failed is not None else {}
-            if failed is None: failed = max((k for k in range(j) if msgs[k]["role"] == "assistant"), default=None)
-            reaction = next((k for k in range(j+1, len(msgs)) if msgs[k]["role"] == "assistant"), None)
-            meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m["content"],
-                    **(m.get("error_meta") or {})}
-            if "solution" not in (m.get("error_meta") or {}): meta["solution"] = sols.get(turn_of[j])   # a window carries the whole trace's
-            if meta.get("solution") is not None: st["sdpo_sites_with_solution"] += 1
-            kind = meta.get("error_kind") or classify_error(m["content"], tool_name=meta["tool_name"],
-                                                             history=msgs[:j], tool_input=meta["tool_input"])
-            hint = cfg.hint_generator(kind, meta) if kind is not None else None
-            if hint is not None and not isinstance(hint, str):
-                raise TypeError(f"turn {turn_of[j]}: hint_generator returned {type(hint).__name__} for error kind {kind!r} (a string or None is expected)")
-            if hint is None: st["sdpo_sites_without_hint"] += 1; continue
-            hint = clean_text(hint, st)
-            for name, k in (("failed", failed), ("reaction", reaction)):
-                if name in cfg.sdpo_targets and k is not None and msgs[k].get("train", True) and hint not in out.setdefault(k, []): out[k].append(hint)
-        return {k: v for k, v in out.items() if v}
+# %% ../../nbs/20_trainer.data_collator.ipynb #3da9b4f4
+@patch
+def _sites(self:ComposerDataCollator, msgs:list[dict], turn_of:list[int], sols:dict[int, str|None], stats:Counter|None=None) -> dict[int, list[str]]:
+    "Target assistant message index -> hints, from the error sites of a conversation (only turns that train are distilled)."
+    cfg, out, st = self.config, {}, self.stats if stats is None else stats
+    answers = match_tool_results(msgs)   # by id, else by position
+    for j, m in enumerate(msgs):
+        if m["role"] != "tool" or not m.get("is_error"): continue
+        st["sdpo_error_sites"] += 1
+        failed, k = answers.get(j, (None, None))
+        fn = tool_calls_of(msgs[failed])[k].get("function", {}) if failed is not None else {}
+        if failed is None: failed = max((k for k in range(j) if msgs[k]["role"] == "assistant"), default=None)
+        reaction = next((k for k in range(j+1, len(msgs)) if msgs[k]["role"] == "assistant"), None)
+        meta = {"tool_name": fn.get("name"), "tool_input": fn.get("arguments"), "error_message": m["content"],
+                **(m.get("error_meta") or {})}
+        if "solution" not in (m.get("error_meta") or {}): meta["solution"] = sols.get(turn_of[j])   # a window carries the whole trace's
+        if meta.get("solution") is not None: st["sdpo_sites_with_solution"] += 1
+        kind = meta.get("error_kind") or classify_error(m["content"], tool_name=meta["tool_name"],
+                                                         history=msgs[:j], tool_input=meta["tool_input"])
+        hint = cfg.hint_generator(kind, meta) if kind is not None else None
+        if hint is not None and not isinstance(hint, str):
+            raise TypeError(f"turn {turn_of[j]}: hint_generator returned {type(hint).__name__} for error kind {kind!r} (a string or None is expected)")
+        if hint is None: st["sdpo_sites_without_hint"] += 1; continue
+        hint = clean_text(hint, st)
+        for name, k in (("failed", failed), ("reaction", reaction)):
+            if name in cfg.sdpo_targets and k is not None and msgs[k].get("train", True) and hint not in out.setdefault(k, []): out[k].append(hint)
+    return {k: v for k, v in out.items() if v}
 
-    def _student_teacher(self, msgs:list[dict], sites:dict[int, list[str]], tools=None):
-        "Tokenized (student, teacher, student targets, teacher targets) of the latest turns that fit."
-        L, head, cands = self.config.max_seq_len, *cut_points(msgs)
-        def build(c):
-            keep = list(range(head)) + list(range(cands[c], len(msgs)))
-            s_msgs = [msgs[k] for k in keep]
-            t_msgs, t_of = [], {}
-            for k in keep:
-                if k in sites: t_msgs.append({"role": self.config.hint_role, "content": "\n".join(sites[k])})
-                t_of[len(t_msgs)] = k; t_msgs.append(msgs[k])
-            s_ids, s_own = tokenize_conversation(self.tokenizer, s_msgs, tools)
-            s_own = [keep[o] if o >= 0 else -1 for o in s_own]
-            if not sites: return (s_ids, s_own, s_ids, s_own)
-            t_ids, t_own = tokenize_conversation(self.tokenizer, t_msgs, tools)
-            return (s_ids, s_own, t_ids, [t_of[o] if o >= 0 else -1 for o in t_own])
-        (s_ids, s_own, t_ids, t_own), c = first_fit(build, len(cands), lambda r: len(r[0]) <= L)   # channel 1 first: the latest turns that fit
-        if c > 0: self.stats["rows_turns_dropped"] += 1
-        if len(t_ids) > L:   # the hints do not fit with the same turns: the teacher drops older turns of its own (earlier targets are lost, counted)
-            (_, _, t_ids, t_own), c2 = first_fit(lambda k: build(c + k), len(cands) - c, lambda r: len(r[2]) <= L)
-            self.stats["teacher_turns_dropped"] += 1
-        whole = Counter(o for o in s_own if o in sites)  # target tokens before any token cut
-        if len(s_ids) > L or len(t_ids) > L:
-            self.stats["rows_token_cut"] += 1
-            s_ids, s_own, t_ids, t_own = s_ids[-L:], s_own[-L:], t_ids[-L:], t_own[-L:]
-        return s_ids, s_own, t_ids, t_own, whole
-
-    # -- channel 3 --------------------------------------------------------------------------------------------
-    def _pair_messages(self, p, w:str) -> tuple[list[dict], list[dict]]|None:
-        "Validated (prompt messages, [chosen message, rejected message]) of one DPO pair; None if an action is empty."
-        if not isinstance(p, dict): raise TypeError(f"{w}: must be a DPOPair dict, got {type(p).__name__}")
-        if not p.get("state_messages"):
-            raise ValueError(f"{w} (state {p.get('state_id')!r}): has no state_messages (its state is unknown)")
-        prompt = messages_from_turns(p["state_messages"], f"{w}.state_messages", "message", self.stats)
-        prompt = [prompt[j] for j in _trainable(prompt, self.stats)]
-        acts = []
-        for k in ("chosen", "rejected"):
-            if k not in p: raise ValueError(f"{w}: has no '{k}' action")
-            if not isinstance(p[k], str): raise TypeError(f"{w}: {k} must be a string (a student_action), got {type(p[k]).__name__}")
-            blocks = p.get(f"{k}_action")  # the structured action, when the pair carries it: no string round trip
-            if blocks is not None:
-                try: act = as_blocks(blocks)
-                except (TypeError, ValueError) as e: raise type(e)(f"{w}: {k}_action: {e}") from None
-            else: act = clean_text(p[k], self.stats)
-            m = action_to_message(act, self.config.keep_thinking)
-            acts.append(messages_from_turns([m], f"{w}.{k}", "message", self.stats)[0])
-        return None if any(is_empty_assistant(m) for m in acts) else (prompt, acts)
-
-    def _pairs(self, ex:dict, where:str, tools=None) -> list[tuple]:
-        "(chosen, rejected) sides of an example's DPO pairs, sharing one prompt; a pair with an empty action or a response alone too long is dropped and counted."
-        pairs = ex.get("dpo_pairs")
-        if pairs is not None and not isinstance(pairs, (list, tuple)): raise TypeError(f"{where}: dpo_pairs must be a list of DPOPair dicts, got {type(pairs).__name__}")
-        checked = [self._pair_messages(p, f"{where}, dpo_pairs[{k}]") for k, p in enumerate(pairs or [])]  # all validated before any work
-        out = []
-        for k, c in enumerate(checked):
-            if c is None: self.stats["dpo_pairs_dropped_empty"] += 1; continue
-            w = f"{where}, dpo_pairs[{k}]"
-            p_tools = check_tools(pairs[k].get("tools"), f"{w}: tools") if pairs[k].get("tools") is not None else tools
-            try: sides = shared_prompt_sides(self.tokenizer, c[0], c[1], self.config.max_dpo_seq_len, p_tools, self.stats)
-            except ValueError as e: raise ValueError(f"{w}: {e}") from e
-            if sides is None: self.stats["dpo_pairs_dropped_too_long"] += 1; continue
-            out.append(tuple(sides))
-        return out
-
-    def _example(self, b:int, ex:dict) -> tuple[dict, list[tuple]]:
-        "The token rows of one example (channels 1-2) and its pairs (channel 3)."
-        cfg, where = self.config, _where(b, ex)
-        if "turns" not in ex: raise ValueError(f"{where}: has no 'turns'")
-        if not isinstance(ex["turns"], list): raise TypeError(f"{where}: turns must be a list of turn dicts, got {type(ex['turns']).__name__}")
-        tools = check_tools(ex.get("tools"), f"{where}: tools")
-        msgs = messages_from_turns(ex["turns"], where, "turn", self.stats)
-        use_sdpo = cfg.enable_sdpo and cfg.hint_generator is not None
-        sols = solutions(msgs, ex.get("dpo_pairs") if isinstance(ex.get("dpo_pairs"), (list, tuple)) else None, cfg.solution_sources) if use_sdpo else {}
-        turn_of = _trainable(msgs, self.stats)      # indices into `turns` of the messages kept
-        msgs = [msgs[j] for j in turn_of]
-        if not any(m["role"] == "assistant" for m in msgs):
-            raise ValueError(f"{where}: turns have no assistant turn to train (none with text or tool calls after a system, user or tool turn)")
-        pairs = self._pairs(ex, where, tools) if cfg.enable_replay_dpo else []
-        if ex.get("part") is not None: return self._part(msgs, ex["part"], where, tools), pairs
-        try:
-            sites = self._sites(msgs, turn_of, sols) if use_sdpo else {}
-            s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites, tools)
-        except (ValueError, TypeError) as e: raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {e}") from e
-        s_pos = {k: [t for t, o in enumerate(s_own) if o == k] for k in sites}
-        t_pos = {k: [t for t, o in enumerate(t_own) if o == k] for k in sites}
-        # a target counts only if it survived truncation whole in both sequences, with the same tokens, and
-        # does not start at position 0 (no logit predicts the first token)
-        keep = [k for k in sites if s_pos[k] and len(s_pos[k]) == len(t_pos[k]) == whole[k] and s_pos[k][0] > 0
-                and t_pos[k][0] > 0 and [s_ids[t] for t in s_pos[k]] == [t_ids[t] for t in t_pos[k]]]
-        self.stats["sdpo_targets"] += len(keep); self.stats["sdpo_targets_lost"] += len(sites) - len(keep)
-        row = dict(ids=s_ids, resp=[int(o >= 0 and msgs[o].get("train", True)) for o in s_own], t_ids=t_ids,
-                   t_mask=[int(o in keep) for o in t_own], s_mask=[int(o in keep) for o in s_own])
-        return row, pairs
-
-    def _part(self, msgs:list[dict], part, where:str, tools=None) -> dict:
-        "The row of one part of a window too long for one row (`part_row`): no hint site is distilled on a cut turn."
-        L = self.config.max_seq_len
-        if not (isinstance(part, (tuple, list)) and len(part) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in part)
-                and 0 <= part[0] < part[1] and 0 <= part[2]):
-            raise ValueError(f"{where}: part must be (i, n, context) with 0 <= i < n and context >= 0, as trace_windows gives it, got {part!r:.60}")
-        try:
-            ids, trained, h = window_tokens(self.tokenizer, msgs, tools)
-            ids, resp = part_row(ids, trained, h, L, tuple(part))
-        except ValueError as e: raise ValueError(f"{where}: {e}") from e
-        self.stats["rows_turn_parts"] += 1
-        zeros = [0] * len(ids)
-        return dict(ids=ids, resp=resp, t_ids=ids, t_mask=zeros, s_mask=zeros)
-
-    def _cached(self, b:int, ex:dict):
-        "`_example`, memoized by the example's exact content (a trainer sees the same traces every epoch)."
-        if not self.config.cache_size: return self._example(b, ex)
-        key = _content_key({k: v for k, v in ex.items() if k != self.config.rlvr_reward_key})   # the reward is read fresh every call
-        if key is None: return self._example(b, ex)  # holds values of other types: no caching
-        if key in self._cache: self.stats["cache_hits"] += 1; return self._cache[key]
-        out = self._example(b, ex)
-        if len(self._cache) >= self.config.cache_size: self._cache.pop(next(iter(self._cache)))
-        self._cache[key] = out
-        return out
-
-    def _row_length(self, turns:list[dict], tools=None) -> int:
-        "Tokens of the longest row (student, or teacher with its hints) this collator builds from `turns`, uncut."
-        scratch = Counter()
-        msgs = messages_from_turns(turns, "", "turn", scratch)
-        turn_of = _trainable(msgs, scratch)
-        msgs = [msgs[j] for j in turn_of]
-        use_sdpo = self.config.enable_sdpo and self.config.hint_generator is not None
-        sites = self._sites(msgs, turn_of, {}, scratch) if use_sdpo else {}
-        n = len(tokenize_conversation(self.tokenizer, msgs, tools)[0])
-        if not sites: return n
-        t_msgs = []
-        for k, m in enumerate(msgs):
+# %% ../../nbs/20_trainer.data_collator.ipynb #283d72a5
+@patch
+def _student_teacher(self:ComposerDataCollator, msgs:list[dict], sites:dict[int, list[str]], tools=None):
+    "Tokenized (student, teacher, student targets, teacher targets) of the latest turns that fit."
+    L, head, cands = self.config.max_seq_len, *cut_points(msgs)
+    def build(c):
+        keep = list(range(head)) + list(range(cands[c], len(msgs)))
+        s_msgs = [msgs[k] for k in keep]
+        t_msgs, t_of = [], {}
+        for k in keep:
             if k in sites: t_msgs.append({"role": self.config.hint_role, "content": "\n".join(sites[k])})
-            t_msgs.append(m)
-        return max(n, len(tokenize_conversation(self.tokenizer, t_msgs, tools)[0]))
+            t_of[len(t_msgs)] = k; t_msgs.append(msgs[k])
+        s_ids, s_own = tokenize_conversation(self.tokenizer, s_msgs, tools)
+        s_own = [keep[o] if o >= 0 else -1 for o in s_own]
+        if not sites: return (s_ids, s_own, s_ids, s_own)
+        t_ids, t_own = tokenize_conversation(self.tokenizer, t_msgs, tools)
+        return (s_ids, s_own, t_ids, [t_of[o] if o >= 0 else -1 for o in t_own])
+    (s_ids, s_own, t_ids, t_own), c = first_fit(build, len(cands), lambda r: len(r[0]) <= L)   # channel 1 first: the latest turns that fit
+    if c > 0: self.stats["rows_turns_dropped"] += 1
+    if len(t_ids) > L:   # the hints do not fit with the same turns: the teacher drops older turns of its own (earlier targets are lost, counted)
+        (_, _, t_ids, t_own), c2 = first_fit(lambda k: build(c + k), len(cands) - c, lambda r: len(r[2]) <= L)
+        self.stats["teacher_turns_dropped"] += 1
+    whole = Counter(o for o in s_own if o in sites)  # target tokens before any token cut
+    if len(s_ids) > L or len(t_ids) > L:
+        self.stats["rows_token_cut"] += 1
+        s_ids, s_own, t_ids, t_own = s_ids[-L:], s_own[-L:], t_ids[-L:], t_own[-L:]
+    return s_ids, s_own, t_ids, t_own, whole
 
-    # -- windows ------------------------------------------------------------------------------------------------
-    def windows(self, examples:Sequence[TraceExample]) -> list[TraceExample]:
-        "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_cut`, `turns_too_long`."
-        if isinstance(examples, (dict, str, bytes)) or not hasattr(examples, "__iter__"):
-            raise TypeError(f"examples must be a list of TraceExample dicts, got {type(examples).__name__}")
-        cfg, out = self.config, []
-        for b, ex in enumerate(examples):
-            if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
-            tools = check_tools(ex.get("tools"), f"example {b}: tools")
-            out += trace_windows(ex, tokenizer=self.tokenizer, max_seq_len=cfg.max_seq_len, context_tokens=cfg.window_context_tokens,
-                                 solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats, cut_turns=cfg.cut_turns,
-                                 count=lambda ts, tools=tools: self._row_length(ts, tools))   # the teacher's hints must fit too
-        return out
+# %% ../../nbs/20_trainer.data_collator.ipynb #9549eae6
+@patch
+def _pair_messages(self:ComposerDataCollator, p, w:str) -> tuple[list[dict], list[dict]]|None:
+    "Validated (prompt messages, [chosen message, rejected message]) of one DPO pair; None if an action is empty."
+    if not isinstance(p, dict): raise TypeError(f"{w}: must be a DPOPair dict, got {type(p).__name__}")
+    if not p.get("state_messages"):
+        raise ValueError(f"{w} (state {p.get('state_id')!r}): has no state_messages (its state is unknown)")
+    prompt = messages_from_turns(p["state_messages"], f"{w}.state_messages", "message", self.stats)
+    prompt = [prompt[j] for j in _trainable(prompt, self.stats)]
+    acts = []
+    for k in ("chosen", "rejected"):
+        if k not in p: raise ValueError(f"{w}: has no '{k}' action")
+        if not isinstance(p[k], str): raise TypeError(f"{w}: {k} must be a string (a student_action), got {type(p[k]).__name__}")
+        blocks = p.get(f"{k}_action")  # the structured action, when the pair carries it: no string round trip
+        if blocks is not None:
+            try: act = as_blocks(blocks)
+            except (TypeError, ValueError) as e: raise type(e)(f"{w}: {k}_action: {e}") from None
+        else: act = clean_text(p[k], self.stats)
+        m = action_to_message(act, self.config.keep_thinking)
+        acts.append(messages_from_turns([m], f"{w}.{k}", "message", self.stats)[0])
+    return None if any(is_empty_assistant(m) for m in acts) else (prompt, acts)
 
-    # -- the batch --------------------------------------------------------------------------------------------
-    def __call__(self, batch:Sequence[TraceExample]) -> dict[str, torch.Tensor]:
-        "Collate traces into the three channels' tensors (keys and shapes in the table above)."
-        cfg = self.config
-        if isinstance(batch, (dict, str, bytes)) or not hasattr(batch, "__iter__"):
-            raise TypeError(f"batch must be a list of TraceExample dicts, got {type(batch).__name__}")
-        batch = list(batch)
-        if not batch: raise ValueError("empty batch")
-        for b, ex in enumerate(batch):
-            if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
-        rewards = [_reward(ex.get(cfg.rlvr_reward_key), _where(b, ex), cfg.rlvr_reward_key) for b, ex in enumerate(batch)]
-        done = [self._cached(b, ex) for b, ex in enumerate(batch)]
-        rows = [r for r, _ in done]
-        self.stats["assistant_tokens_trained"] += sum(sum(r["resp"]) for r in rows)
-        pad = cfg.pad_token_id
-        out = {"input_ids": _pad([r["ids"] for r in rows], pad), "attention_mask": _pad([[1]*len(r["ids"]) for r in rows], 0),
-               "response_mask": _pad([r["resp"] for r in rows], 0)}
-        out["rewards"] = torch.tensor([r if r is not None else 0.0 for r in rewards], dtype=torch.float32)
-        out["reward_mask"] = torch.tensor([r is not None for r in rewards], dtype=torch.bool)
-        if cfg.enable_sdpo and cfg.hint_generator is not None and any(any(r["t_mask"]) for r in rows):
-            out["ctx_teacher_input_ids"] = _pad([r["t_ids"] for r in rows], pad)
-            out["ctx_teacher_attention_mask"] = _pad([[1]*len(r["t_ids"]) for r in rows], 0)
-            out["sdpo_loss_mask"] = _pad([r["t_mask"] for r in rows], 0)
-            out["sdpo_student_mask"] = _pad([r["s_mask"] for r in rows], 0)
-        pairs = [(b, c, r) for b, (_, ps) in enumerate(done) for c, r in ps]
-        if pairs:
-            for k, side in ((1, "chosen"), (2, "rejected")):
-                out[f"dpo_{side}_input_ids"] = _pad([p[k][0] for p in pairs], pad)
-                out[f"dpo_{side}_attention_mask"] = _pad([[1]*len(p[k][0]) for p in pairs], 0)
-                out[f"dpo_{side}_response_mask"] = _pad([p[k][1] for p in pairs], 0)
-            out["dpo_row"] = torch.tensor([p[0] for p in pairs], dtype=torch.long)
-        return out
+# %% ../../nbs/20_trainer.data_collator.ipynb #e666390d
+@patch
+def _pairs(self:ComposerDataCollator, ex:dict, where:str, tools=None) -> list[tuple]:
+    "(chosen, rejected) sides of an example's DPO pairs, sharing one prompt; a pair with an empty action or a response alone too long is dropped and counted."
+    pairs = ex.get("dpo_pairs")
+    if pairs is not None and not isinstance(pairs, (list, tuple)): raise TypeError(f"{where}: dpo_pairs must be a list of DPOPair dicts, got {type(pairs).__name__}")
+    checked = [self._pair_messages(p, f"{where}, dpo_pairs[{k}]") for k, p in enumerate(pairs or [])]  # all validated before any work
+    out = []
+    for k, c in enumerate(checked):
+        if c is None: self.stats["dpo_pairs_dropped_empty"] += 1; continue
+        w = f"{where}, dpo_pairs[{k}]"
+        p_tools = check_tools(pairs[k].get("tools"), f"{w}: tools") if pairs[k].get("tools") is not None else tools
+        try: sides = shared_prompt_sides(self.tokenizer, c[0], c[1], self.config.max_dpo_seq_len, p_tools, self.stats)
+        except ValueError as e: raise ValueError(f"{w}: {e}") from e
+        if sides is None: self.stats["dpo_pairs_dropped_too_long"] += 1; continue
+        out.append(tuple(sides))
+    return out
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #79f13074
+@patch
+def _example(self:ComposerDataCollator, b:int, ex:dict) -> tuple[dict, list[tuple]]:
+    "The token rows of one example (channels 1-2) and its pairs (channel 3)."
+    cfg, where = self.config, _where(b, ex)
+    if "turns" not in ex: raise ValueError(f"{where}: has no 'turns'")
+    if not isinstance(ex["turns"], list): raise TypeError(f"{where}: turns must be a list of turn dicts, got {type(ex['turns']).__name__}")
+    tools = check_tools(ex.get("tools"), f"{where}: tools")
+    msgs = messages_from_turns(ex["turns"], where, "turn", self.stats)
+    use_sdpo = cfg.enable_sdpo and cfg.hint_generator is not None
+    sols = solutions(msgs, ex.get("dpo_pairs") if isinstance(ex.get("dpo_pairs"), (list, tuple)) else None, cfg.solution_sources) if use_sdpo else {}
+    turn_of = _trainable(msgs, self.stats)      # indices into `turns` of the messages kept
+    msgs = [msgs[j] for j in turn_of]
+    if not any(m["role"] == "assistant" for m in msgs):
+        raise ValueError(f"{where}: turns have no assistant turn to train (none with text or tool calls after a system, user or tool turn)")
+    pairs = self._pairs(ex, where, tools) if cfg.enable_replay_dpo else []
+    if ex.get("part") is not None: return self._part(msgs, ex["part"], where, tools), pairs
+    try:
+        sites = self._sites(msgs, turn_of, sols) if use_sdpo else {}
+        s_ids, s_own, t_ids, t_own, whole = self._student_teacher(msgs, sites, tools)
+    except (ValueError, TypeError) as e: raise (TypeError if isinstance(e, TypeError) else ValueError)(f"{where}: {e}") from e
+    s_pos = {k: [t for t, o in enumerate(s_own) if o == k] for k in sites}
+    t_pos = {k: [t for t, o in enumerate(t_own) if o == k] for k in sites}
+    # a target counts only if it survived truncation whole in both sequences, with the same tokens, and
+    # does not start at position 0 (no logit predicts the first token)
+    keep = [k for k in sites if s_pos[k] and len(s_pos[k]) == len(t_pos[k]) == whole[k] and s_pos[k][0] > 0
+            and t_pos[k][0] > 0 and [s_ids[t] for t in s_pos[k]] == [t_ids[t] for t in t_pos[k]]]
+    self.stats["sdpo_targets"] += len(keep); self.stats["sdpo_targets_lost"] += len(sites) - len(keep)
+    row = dict(ids=s_ids, resp=[int(o >= 0 and msgs[o].get("train", True)) for o in s_own], t_ids=t_ids,
+               t_mask=[int(o in keep) for o in t_own], s_mask=[int(o in keep) for o in s_own])
+    return row, pairs
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #faef7d04
+@patch
+def _part(self:ComposerDataCollator, msgs:list[dict], part, where:str, tools=None) -> dict:
+    "The row of one part of a window too long for one row (`part_row`): no hint site is distilled on a cut turn."
+    L = self.config.max_seq_len
+    if not (isinstance(part, (tuple, list)) and len(part) == 3 and all(isinstance(x, int) and not isinstance(x, bool) for x in part)
+            and 0 <= part[0] < part[1] and 0 <= part[2]):
+        raise ValueError(f"{where}: part must be (i, n, context) with 0 <= i < n and context >= 0, as trace_windows gives it, got {part!r:.60}")
+    try:
+        ids, trained, h = window_tokens(self.tokenizer, msgs, tools)
+        ids, resp = part_row(ids, trained, h, L, tuple(part))
+    except ValueError as e: raise ValueError(f"{where}: {e}") from e
+    self.stats["rows_turn_parts"] += 1
+    zeros = [0] * len(ids)
+    return dict(ids=ids, resp=resp, t_ids=ids, t_mask=zeros, s_mask=zeros)
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #8658f5f3
+@patch
+def _cached(self:ComposerDataCollator, b:int, ex:dict):
+    "`_example`, memoized by the example's exact content (a trainer sees the same traces every epoch)."
+    if not self.config.cache_size: return self._example(b, ex)
+    key = content_key({k: v for k, v in ex.items() if k != self.config.rlvr_reward_key})   # the reward is read fresh every call
+    if key is None: return self._example(b, ex)  # holds values of other types: no caching
+    if key in self._cache: self.stats["cache_hits"] += 1; return self._cache[key]
+    out = self._example(b, ex)
+    if len(self._cache) >= self.config.cache_size: self._cache.pop(next(iter(self._cache)))
+    self._cache[key] = out
+    return out
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #2b5de988
+@patch
+def _row_length(self:ComposerDataCollator, turns:list[dict], tools=None) -> int:
+    "Tokens of the longest row (student, or teacher with its hints) this collator builds from `turns`, uncut."
+    scratch = Counter()
+    msgs = messages_from_turns(turns, "", "turn", scratch)
+    turn_of = _trainable(msgs, scratch)
+    msgs = [msgs[j] for j in turn_of]
+    use_sdpo = self.config.enable_sdpo and self.config.hint_generator is not None
+    sites = self._sites(msgs, turn_of, {}, scratch) if use_sdpo else {}
+    n = len(tokenize_conversation(self.tokenizer, msgs, tools)[0])
+    if not sites: return n
+    t_msgs = []
+    for k, m in enumerate(msgs):
+        if k in sites: t_msgs.append({"role": self.config.hint_role, "content": "\n".join(sites[k])})
+        t_msgs.append(m)
+    return max(n, len(tokenize_conversation(self.tokenizer, t_msgs, tools)[0]))
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #8eedd384
+@patch
+def windows(self:ComposerDataCollator, examples:Sequence[TraceExample]) -> list[TraceExample]:
+    "Every example that does not fit `max_seq_len` split into windows (`trace_windows`); the rest unchanged. Counts `windows`, `traces_windowed`, `turns_cut`, `turns_too_long`."
+    if isinstance(examples, (dict, str, bytes)) or not hasattr(examples, "__iter__"):
+        raise TypeError(f"examples must be a list of TraceExample dicts, got {type(examples).__name__}")
+    cfg, out = self.config, []
+    for b, ex in enumerate(examples):
+        if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
+        tools = check_tools(ex.get("tools"), f"example {b}: tools")
+        out += trace_windows(ex, tokenizer=self.tokenizer, max_seq_len=cfg.max_seq_len, context_tokens=cfg.window_context_tokens,
+                             solution_sources=cfg.solution_sources if cfg.enable_sdpo else (), stats=self.stats, cut_turns=cfg.cut_turns,
+                             count=lambda ts, tools=tools: self._row_length(ts, tools))   # the teacher's hints must fit too
+    return out
+
+# %% ../../nbs/20_trainer.data_collator.ipynb #0e4da111
+@patch
+def __call__(self:ComposerDataCollator, batch:Sequence[TraceExample]) -> dict[str, torch.Tensor]:
+    "Collate traces into the three channels' tensors (keys and shapes in the table above)."
+    cfg = self.config
+    if isinstance(batch, (dict, str, bytes)) or not hasattr(batch, "__iter__"):
+        raise TypeError(f"batch must be a list of TraceExample dicts, got {type(batch).__name__}")
+    batch = list(batch)
+    if not batch: raise ValueError("empty batch")
+    for b, ex in enumerate(batch):
+        if not isinstance(ex, dict): raise TypeError(f"example {b}: must be a TraceExample dict, got {type(ex).__name__}")
+    rewards = [_reward(ex.get(cfg.rlvr_reward_key), _where(b, ex), cfg.rlvr_reward_key) for b, ex in enumerate(batch)]
+    done = [self._cached(b, ex) for b, ex in enumerate(batch)]
+    rows = [r for r, _ in done]
+    self.stats["assistant_tokens_trained"] += sum(sum(r["resp"]) for r in rows)
+    pad = cfg.pad_token_id
+    out = {"input_ids": _pad([r["ids"] for r in rows], pad), "attention_mask": _pad([[1]*len(r["ids"]) for r in rows], 0),
+           "response_mask": _pad([r["resp"] for r in rows], 0)}
+    out["rewards"] = torch.tensor([r if r is not None else 0.0 for r in rewards], dtype=torch.float32)
+    out["reward_mask"] = torch.tensor([r is not None for r in rewards], dtype=torch.bool)
+    if cfg.enable_sdpo and cfg.hint_generator is not None and any(any(r["t_mask"]) for r in rows):
+        out["ctx_teacher_input_ids"] = _pad([r["t_ids"] for r in rows], pad)
+        out["ctx_teacher_attention_mask"] = _pad([[1]*len(r["t_ids"]) for r in rows], 0)
+        out["sdpo_loss_mask"] = _pad([r["t_mask"] for r in rows], 0)
+        out["sdpo_student_mask"] = _pad([r["s_mask"] for r in rows], 0)
+    pairs = [(b, c, r) for b, (_, ps) in enumerate(done) for c, r in ps]
+    if pairs:
+        for k, side in ((1, "chosen"), (2, "rejected")):
+            out[f"dpo_{side}_input_ids"] = _pad([p[k][0] for p in pairs], pad)
+            out[f"dpo_{side}_attention_mask"] = _pad([[1]*len(p[k][0]) for p in pairs], 0)
+            out[f"dpo_{side}_response_mask"] = _pad([p[k][1] for p in pairs], 0)
+        out["dpo_row"] = torch.tensor([p[0] for p in pairs], dtype=torch.long)
+    return out
 
 # %% ../../nbs/20_trainer.data_collator.ipynb #1441c090
 def _turns(msgs:list[dict]) -> list[TraceTurn]:

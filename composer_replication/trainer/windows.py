@@ -246,6 +246,84 @@ def _where(ex) -> str:
     tid = ex.get("trace_id") if isinstance(ex, dict) else None
     return "example" + (f" (trace {tid!r:.60})" if tid is not None else "")
 
+# %% ../../nbs/19b_trainer.windows.ipynb #e5e60eb8
+def _cut_head(turns:list[dict], head:list[int], where:str, tokenizer, tools, L:int, stats:Counter):
+    "(turns, messages, estimates, tools estimate) with the head (system prompt and task) cut inside to at most a third of `L`; None if it cannot be."
+    head_n_tok = lambda ts: len(tokenize_conversation(tokenizer, messages_from_turns(ts), tools)[0])
+    cut = _cut_inside([turns[j] for j in head], head_n_tok, L // 3, set())   # the head then takes at most a third
+    if cut is None: return None
+    turns = list(turns)
+    for j, t in zip(head, cut): turns[j] = t
+    msgs = messages_from_turns(turns, where, "turn")
+    est, tools_cost = _estimates(tokenizer, msgs, tools)
+    stats["windows_head_cut_inside_message"] += 1
+    return turns, msgs, est, tools_cost
+
+# %% ../../nbs/19b_trainer.windows.ipynb #63b8bb3b
+def _span(a:int, n_steps:int, cost:Callable[[int], int], budget:int, reserve:int) -> tuple[int, int]:
+    "(b, ctx) of the window whose first target step is `a`: target steps [a, b) that fit in the budget less the context reserve, context steps [ctx, a)."
+    room = budget - (min(reserve, sum(cost(k) for k in range(a))) if a > 0 else 0)
+    b, used = a + 1, cost(a)
+    while b < n_steps and used + cost(b) <= room: used += cost(b); b += 1
+    ctx = a   # context steps [ctx, a): the latest whole steps that fit in what is left
+    left = budget - used
+    while ctx > 0 and cost(ctx - 1) <= left: left -= cost(ctx - 1); ctx -= 1
+    return b, ctx
+
+# %% ../../nbs/19b_trainer.windows.ipynb #6e173e01
+def _fit_window(a:int, b:int, ctx:int, *, msgs, turns, head, steps, is_target, sols, n_tok, plain, cost, L, reserve, cut_turns, tokenizer, tools, stats):
+    "(turns, parts, b) of the window of target steps [a, b) and context steps [ctx, a), made to fit `L`; turns None when its target step cannot be trained."
+    dropped_answer, parts = False, None
+    while True:
+        keep = head + [j for k in range(ctx, b) for j in steps[k]]
+        if dropped_answer: keep = head + [j for k in range(a, b) for j in steps[k]]
+        last_target = max(j for j in keep if is_target(j) and j >= steps[a][0])
+        if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]   # results nobody here reacts to
+        win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
+        if n_tok(win) <= L: break
+        if ctx < a - 1: ctx += 1; continue          # drop the oldest context step
+        if b > a + 1: b -= 1; continue              # hand the last target step to the next window
+        protected = {k for k, j in enumerate(keep) if msgs[j]["role"] == "assistant" and j >= steps[a][0]}
+        cut = _cut_inside(win, n_tok, L, protected | set(range(len(head))))   # the last resort: cut inside the longest message of the steps,
+        if cut is None and not cut_turns: cut = _cut_inside(win, n_tok, L, protected)   # (without parts: of the system prompt or the task too)
+        if cut is not None: stats["windows_cut_inside_message"] += 1; win = cut; break
+        if ctx < a and not dropped_answer: dropped_answer = True; continue   # even the step it answers must go
+        if n_tok is not plain and plain(win) <= L:   # fits without the teacher's hints: trained here, its distillation cut (counted by the collator)
+            stats["windows_without_hint_room"] += 1; break
+        if cut_turns and a > 0 and cost(a - 1) <= reserve:   # the step it answers goes with it, when short
+            keep = head + [j for k in range(a - 1, b) for j in steps[k]]
+            if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]
+            win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
+        parts = _parts_of(win, tokenizer, tools, L, reserve) if cut_turns else []
+        if parts: stats["turns_cut"] += sum(is_target(j) for j in steps[a])
+        else: stats["turns_too_long"] += sum(is_target(j) for j in steps[a]); win = None
+        break
+    return win, parts, b
+
+# %% ../../nbs/19b_trainer.windows.ipynb #63c530d9
+def _pair_at(p) -> int:
+    "The turn a DPO pair's state precedes (the length of its state_messages); -1 for a malformed pair."
+    return len(p["state_messages"]) if isinstance(p, dict) and isinstance(p.get("state_messages"), list) else -1
+
+def _window_examples(example:dict, first:int, win:list[dict], parts, lo:int, hi:int, pairs:list) -> list[dict]:
+    "The TraceExamples of one window over trace turns [lo, hi], numbered from `first`: the window, or one per part; the first holds the DPO pairs whose state it spans."
+    out = []
+    for i, part in enumerate(parts or [None]):
+        w = {k: v for k, v in example.items() if k not in ("turns", "dpo_pairs")}
+        w.update(trace_id=f"{example.get('trace_id', 'trace')}#w{first + i}", turns=win, window=(lo, hi),
+                 dpo_pairs=[p for p in pairs if lo <= _pair_at(p) <= hi] if i == 0 else [])
+        if part is not None: w["part"] = part
+        out.append(w)
+    return out
+
+def _place_pairs(out:list[dict], pairs:list):
+    "Give each DPO pair that no window holds to the window whose range holds its state, else to the last."
+    placed = {id(p) for w in out for p in w["dpo_pairs"]}
+    for p in pairs:
+        if id(p) in placed or not out: continue
+        k = next((i for i, w in enumerate(out) if _pair_at(p) <= w["window"][1]), len(out) - 1)
+        out[k]["dpo_pairs"].append(p)
+
 # %% ../../nbs/19b_trainer.windows.ipynb #187224fb
 def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pairs, reward
                   *,
@@ -282,70 +360,25 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
     cost = lambda s: sum(est[j] for j in steps[s])
     budget = L - sum(est[j] for j in head) - tools_cost - 8
     if budget < L // 8 and head:   # the system prompt and the task fill the context (a compaction summary, a pasted file): cut inside them
-        head_n_tok = lambda ts: len(tokenize_conversation(tokenizer, messages_from_turns(ts), tools)[0])
-        cut = _cut_inside([turns[j] for j in head], head_n_tok, L // 3, set())   # the head then takes at most a third
-        if cut is not None:
-            turns = list(turns)
-            for j, t in zip(head, cut): turns[j] = t
-            msgs = messages_from_turns(turns, where, "turn")
-            est, tools_cost = _estimates(tokenizer, msgs, tools)
+        if (cut := _cut_head(turns, head, where, tokenizer, tools, L, stats)) is not None:
+            turns, msgs, est, tools_cost = cut
             budget = L - sum(est[j] for j in head) - tools_cost - 8
-            stats["windows_head_cut_inside_message"] += 1
     if budget < L // 8:   # the tools alone fill the context: one row, cut as an unwindowed one is
         stats["windows"] += 1; stats["windows_head_too_long"] += 1; return [example]
     reserve = budget // 4 if context_tokens is None else min(context_tokens, budget)
     pairs = list(example.get("dpo_pairs") or []) if isinstance(example.get("dpo_pairs"), (list, tuple)) else []
-    at = lambda p: len(p["state_messages"]) if isinstance(p, dict) and isinstance(p.get("state_messages"), list) else -1   # the turn a pair's state precedes
     out, s = [], 0
     while True:
         a = next((k for k in range(s, len(steps)) if tgt_steps[k]), None)
         if a is None: break
-        room = budget - (min(reserve, sum(cost(k) for k in range(a))) if a > 0 else 0)
-        b, used = a + 1, cost(a)
-        while b < len(steps) and used + cost(b) <= room: used += cost(b); b += 1
-        ctx = a   # context steps [ctx, a): the latest whole steps that fit in what is left
-        left = budget - used
-        while ctx > 0 and cost(ctx - 1) <= left: left -= cost(ctx - 1); ctx -= 1
-        dropped_answer, parts = False, None
-        while True:
-            keep = head + [j for k in range(ctx, b) for j in steps[k]]
-            if dropped_answer: keep = head + [j for k in range(a, b) for j in steps[k]]
-            last_target = max(j for j in keep if is_target(j) and j >= steps[a][0])
-            if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]   # results nobody here reacts to
-            win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
-            if n_tok(win) <= L: break
-            if ctx < a - 1: ctx += 1; continue          # drop the oldest context step
-            if b > a + 1: b -= 1; continue              # hand the last target step to the next window
-            protected = {k for k, j in enumerate(keep) if msgs[j]["role"] == "assistant" and j >= steps[a][0]}
-            cut = _cut_inside(win, n_tok, L, protected | set(range(len(head))))   # the last resort: cut inside the longest message of the steps,
-            if cut is None and not cut_turns: cut = _cut_inside(win, n_tok, L, protected)   # (without parts: of the system prompt or the task too)
-            if cut is not None: stats["windows_cut_inside_message"] += 1; win = cut; break
-            if ctx < a and not dropped_answer: dropped_answer = True; continue   # even the step it answers must go
-            if n_tok is not plain and plain(win) <= L:   # fits without the teacher's hints: trained here, its distillation cut (counted by the collator)
-                stats["windows_without_hint_room"] += 1; break
-            if cut_turns and a > 0 and cost(a - 1) <= reserve:   # the step it answers goes with it, when short
-                keep = head + [j for k in range(a - 1, b) for j in steps[k]]
-                if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]
-                win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
-            parts = _parts_of(win, tokenizer, tools, L, reserve) if cut_turns else []
-            if parts: stats["turns_cut"] += sum(is_target(j) for j in steps[a])
-            else: stats["turns_too_long"] += sum(is_target(j) for j in steps[a]); win = None
-            break
+        b, ctx = _span(a, len(steps), cost, budget, reserve)
+        win, parts, b = _fit_window(a, b, ctx, msgs=msgs, turns=turns, head=head, steps=steps, is_target=is_target, sols=sols, n_tok=n_tok,
+                                    plain=plain, cost=cost, L=L, reserve=reserve, cut_turns=cut_turns, tokenizer=tokenizer, tools=tools, stats=stats)
         if win is not None:
             lo, hi = steps[a][0], steps[b - 1][-1]
-            for i, part in enumerate(parts or [None]):
-                w = {k: v for k, v in example.items() if k not in ("turns", "dpo_pairs")}
-                w.update(trace_id=f"{example.get('trace_id', 'trace')}#w{len(out)}", turns=win, window=(lo, hi),
-                         dpo_pairs=[p for p in pairs if lo <= at(p) <= hi] if i == 0 else [])
-                if part is not None: w["part"] = part
-                out.append(w)
+            out += _window_examples(example, len(out), win, parts, lo, hi, pairs)
         s = b
-    if pairs:   # a pair whose state is not a trained turn of any window goes with the window whose range holds it, else the last
-        placed = {id(p) for w in out for p in w["dpo_pairs"]}
-        for p in pairs:
-            if id(p) in placed or not out: continue
-            k = next((i for i, w in enumerate(out) if at(p) <= w["window"][1]), len(out) - 1)
-            out[k]["dpo_pairs"].append(p)
+    if pairs: _place_pairs(out, pairs)   # a pair whose state is not a trained turn of any window goes with the window whose range holds it, else the last
     stats["windows"] += len(out); stats["traces_windowed"] += 1
     return out
 

@@ -269,6 +269,17 @@ def _on_policy(cfg:DemoConfig, run:Path, sizes:dict, has_pairs:bool, progress:bo
     return dict(s, environment=cfg.environment, tasks=tasks, reward=[r.get("reward") for r in rows],
                 tool_calls=[r.get("tools/call_frequency") for r in rows], tool_failures=[r.get("tools/failure_frequency") for r in rows])
 
+# %% ../nbs/40_demo.ipynb #4287a290
+def _on_policy_stage(cfg:DemoConfig, run:Path, sizes:dict, has_pairs:bool, summary:dict, say, progress:bool):
+    "Run `_on_policy`, add it and its time to `summary` (and summary.json), and say what it did."
+    t1 = time.perf_counter()
+    op = summary["on_policy"] = _on_policy(cfg, run, sizes, has_pairs, progress)
+    summary["timings"]["on_policy_s"] = round(time.perf_counter() - t1, 2)
+    (run/"summary.json").write_text(json.dumps(summary, indent=2))
+    say(f"[+] on-policy in {cfg.environment}: {op['steps']} GRPO step(s) of 2 rollouts, reward "
+        f"{', '.join(f'{r:+.2f}' for r in op['reward'] if r is not None)}, tool calls per rollout "
+        f"{', '.join(f'{c:.2f}' for c in op['tool_calls'] if c is not None)} ({summary['timings']['on_policy_s']:.0f}s; wrote {run}/on_policy/)")
+
 # %% ../nbs/40_demo.ipynb #77d4da1e
 def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
              *, progress:bool=True, # progress bars and the printed summary
@@ -328,12 +339,5 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     summary = _summary(cfg, run, session, states, results, failed_calls, pairs, metrics, report, trained, notes, times)
     (run/"summary.json").write_text(json.dumps(summary, indent=2))
     _say_done(say, summary, report, t_train, after["seconds"])
-    if cfg.environment:   # the optional on-policy stage, on the model just saved
-        t1 = time.perf_counter()
-        op = summary["on_policy"] = _on_policy(cfg, run, sizes, bool(pairs), progress)
-        summary["timings"]["on_policy_s"] = round(time.perf_counter() - t1, 2)
-        (run/"summary.json").write_text(json.dumps(summary, indent=2))
-        say(f"[+] on-policy in {cfg.environment}: {op['steps']} GRPO step(s) of 2 rollouts, reward "
-            f"{', '.join(f'{r:+.2f}' for r in op['reward'] if r is not None)}, tool calls per rollout "
-            f"{', '.join(f'{c:.2f}' for c in op['tool_calls'] if c is not None)} ({summary['timings']['on_policy_s']:.0f}s; wrote {run}/on_policy/)")
+    if cfg.environment: _on_policy_stage(cfg, run, sizes, bool(pairs), summary, say, progress)   # on the model just saved
     return summary

@@ -297,8 +297,7 @@ def run_demo(cfg:DemoConfig|None=None, # settings (default: the offline demo)
     run = Path(cfg.out)/(cfg.name or time.strftime("demo-%Y%m%d-%H%M%S"))
     if (why := why_not_creatable(run)): raise flag_error("out", why, DemoInputError)
     session, ing, states = _ingest(cfg)
-    t_ingest = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t_ingest, t1 = time.perf_counter() - t0, time.perf_counter()
     _import_training()   # the heavy imports only now: a bad session or key is reported in a fraction of a second
     from composer_replication.trainer.composer_trainer import loss_view
     from composer_replication.trainer.data_collator import ComposerDataCollator

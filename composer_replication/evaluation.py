@@ -135,6 +135,167 @@ def _well_formed(text, eos, known):
 def _check_out(name, vals, n, what):
     if not isinstance(vals, (list, tuple)) or len(vals) != n: raise TypeError(f"{name} must return a list of {n} {what}, got {vals!r:.80}")
 
+# %% ../nbs/26_evaluation.ipynb #5d1ad261
+def _check_eval_args(model, tokenizer, max_new_tokens, batch_size, max_states, max_prompt_tokens, generate_fn, score_fn, preference, greedy, margins):
+    "Check `evaluate_agent`'s options; (the model scores the preferences, the model generates, the model runs)."
+    _positive("max_new_tokens", max_new_tokens); _positive("batch_size", batch_size)
+    _positive("max_states", max_states, none_ok=True); _positive("max_prompt_tokens", max_prompt_tokens, none_ok=True)
+    if not getattr(tokenizer, "chat_template", None): raise ValueError("tokenizer must have a chat template (tokenizer.chat_template is empty)")
+    for name, fn in (("generate_fn", generate_fn), ("score_fn", score_fn)):
+        if fn is not None and not callable(fn): raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    model_scores = bool(preference) and score_fn is None
+    generate = generate_fn is None and bool(greedy)
+    use_model = generate or model_scores or (bool(margins) and model is not None)
+    if model is None and use_model: raise ValueError("model is None: pass a model, or a generate_fn and (a score_fn or preference=False)")
+    if model is not None and not (callable(model) and hasattr(model, "parameters")):
+        raise TypeError(f"model must be a causal LM (a torch module), got {type(model).__name__}")
+    return model_scores, generate, use_model
+
+# %% ../nbs/26_evaluation.ipynb #8479711b
+def _read_inputs(sessions, expected, ingester):
+    "(expected rows, the rows by state id, the states with a row in session order, counts of what is read and left out)."
+    rows = _expected(expected)
+    states = _states(sessions, ingester)
+    by_id = {r["state_id"]: r for r in rows}
+    matched = [s for s in states if s["state_id"] in by_id]
+    if not matched:
+        if states and rows:
+            raise ValueError(f"no state of sessions has an expected row ({len(states)} states, {len(rows)} rows; state ids look like "
+                             f"{states[0]['state_id']!r:.70}, the rows' like {rows[0]['state_id']!r:.70})")
+        raise ValueError(f"nothing to evaluate: {len(states)} states in sessions, {len(rows)} expected rows")
+    seen = {s["state_id"] for s in states}
+    counts = {"states_read": len(states), "states_without_expected": len(states) - len(matched),
+              "expected_without_state": sum(r["state_id"] not in seen for r in rows)}
+    return rows, by_id, matched, counts
+
+# %% ../nbs/26_evaluation.ipynb #73d5f912
+def _replies(tokenizer, it, messages, prompt_p, preference, margins):
+    "{side: (prompt, turn text)} of the replies to score for item `it`: right and wrong where the row names a distractor; m_right, m_repeat, m_recorded where `margins`."
+    r, wrong, out = it["row"], it["row"].get("distractor"), {}
+    if preference and isinstance(wrong, str) and wrong != r["action"]:
+        for side, act in (("right", r["action"]), ("wrong", wrong)):
+            if (rt := _reply_text(tokenizer, messages, act, prompt_p, it["tools"])) is None: out = {}; break
+            out[side] = rt
+    if margins and r.get("error_recovery") and (right := _calls_only(r["action"])) is not None:
+        sides = {"m_right": right, "m_repeat": _failing_calls(messages),
+                 "m_recorded": _calls_only(it["state"]["student_action"]) if r.get("recorded_ok") is False and it["state"].get("student_action") else None}
+        for side, msg in sides.items():
+            if msg is not None and (rt := _reply_text(tokenizer, messages, msg, prompt_p, it["tools"])) is not None: out[side] = rt
+    return out
+
+def _prepare_items(tokenizer, matched, by_id, preference, margins):
+    "One item per state: its row, its tools, its generation prompt (marked, and plain for a `generate_fn`) and the replies to score."
+    items = []
+    for s in matched:
+        r, tools = by_id[s["state_id"]], check_tools(s.get("tools"), f"state {s['state_id']!r:.60}: tools")
+        prompt_p = render_conversation(tokenizer, s["messages"], add_generation_prompt=True, tools=tools, protect=True)
+        prompt = plain_text(prompt_p)   # what a generate_fn is given: the same rendering, unmarked (rendered once)
+        it = {"state": s, "row": r, "prompt": prompt, "prompt_p": prompt_p, "tools": tools, "truncated": False, "n_prompt": None}
+        it["replies"] = _replies(tokenizer, it, s["messages"], prompt_p, preference, margins)
+        items.append(it)
+    return items
+
+# %% ../nbs/26_evaluation.ipynb #ea329445
+def _prompt_room(conts, max_prompt_tokens, ctx, max_new_tokens):
+    "The most prompt tokens that leave room in the context `ctx` for the longest of `conts` (token lists) or `max_new_tokens`; None without a limit."
+    caps = [c for c in (max_prompt_tokens, ctx - max([max_new_tokens, *map(len, conts)]) if ctx else None) if c is not None]
+    return max(1, min(caps)) if caps else None
+
+def _truncate(pids, k):
+    "(`pids` without the oldest tokens beyond `k`, whether any were dropped)."
+    return (pids[-k:], True) if k is not None and len(pids) > k else (pids, False)
+
+def _fit_prompt(tokenizer, it, by_model, room, windows, preference, margins):
+    "Fit item `it`'s prompt to `room`, setting its prompt ids and the model's continuations from that prompt; the (side, prompt, turn text) scored after prompts of their own."
+    conts = lambda: {side: _encode(tokenizer, seg) for side, (pre, seg) in it["replies"].items() if by_model(side) and pre == it["prompt_p"]}
+    pids, cap = _encode(tokenizer, it["prompt_p"]), room(list(conts().values()))
+    if windows and cap is not None and len(pids) > cap and (cut := _step_prompt(tokenizer, it["state"]["messages"], it["tools"], cap)):
+        it["prompt_p"], kept = cut   # whole steps dropped: the system prompt, the task and the latest steps stay
+        it["replies"] = _replies(tokenizer, it, kept, it["prompt_p"], preference, margins); it["steps_dropped"] = True
+        pids = _encode(tokenizer, it["prompt_p"])
+    c = conts()
+    separate = [(side, pre, seg) for side, (pre, seg) in it["replies"].items() if by_model(side) and pre != it["prompt_p"]]  # a template that is not prefix-stable at this turn
+    it["prompt_ids"], it["truncated"] = _truncate(pids, room(list(c.values())))
+    it["n_prompt"], it["conts"] = len(it["prompt_ids"]), c
+    return separate
+
+# %% ../nbs/26_evaluation.ipynb #9af2e2a1
+def _decode_items(model, tokenizer, items, separate, room, outs, *, batch_size, generate, max_new_tokens, stop_ids, dev, first_call, progress):
+    "Score (and, where `generate`, decode) `items` in batches, then score the `separate` (item, side, prompt, turn text) replies; into `outs`."
+    import torch
+    from tqdm.auto import tqdm
+    order = sorted(range(len(items)), key=lambda i: -len(items[i]["prompt_ids"]))  # similar lengths together: less padding
+    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+    with torch.no_grad():
+        for bt in tqdm(batches, desc="eval", unit="batch", disable=not progress, file=sys.stderr, leave=False):
+            out = decode_batch(model, tokenizer, [items[i] for i in bt], generate=generate,
+                               max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev, first_call=first_call)
+            for j, i in enumerate(bt):
+                outs[i]["logp"].update(out[2][j])
+                if generate: outs[i]["n_new"], outs[i]["stop"], outs[i]["text"] = out[0][j], out[1][j], out[3][j]
+        for i, side, pre, seg in separate:
+            c = _encode(tokenizer, seg)
+            pids, _ = _truncate(_encode(tokenizer, pre), room([c]))
+            out = decode_batch(model, tokenizer, [{"prompt_ids": pids, "conts": {side: c}}], generate=False,
+                               max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev)
+            outs[i]["logp"].update(out[2][0]); outs[i]["ntok"][side] = len(c)
+
+# %% ../nbs/26_evaluation.ipynb #ca94a588
+def _model_pass(model, tokenizer, items, outs, by_model, *, device, max_prompt_tokens, max_new_tokens, windows, preference, margins,
+                batch_size, generate, stop_at_first_call, progress):
+    "Fit the prompts of `items` to the model's context, then score the replies and generate the next actions into `outs`."
+    import torch
+    dev = torch.device(device) if device is not None else next(model.parameters()).device
+    if device is not None: model.to(dev)
+    stop_ids, ctx = stop_token_ids(model, tokenizer), getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    room = lambda conts: _prompt_room(conts, max_prompt_tokens, ctx, max_new_tokens)
+    separate = []  # replies scored after a prompt of their own: (item, side, prompt, turn text)
+    for i, it in enumerate(items):
+        separate += [(i, *x) for x in _fit_prompt(tokenizer, it, by_model, room, windows, preference, margins)]
+        outs[i]["ntok"] = {side: len(v) for side, v in it["conts"].items()}
+    _decode_items(model, tokenizer, items, separate, room, outs, batch_size=batch_size, generate=generate, max_new_tokens=max_new_tokens,
+                  stop_ids=stop_ids, dev=dev, first_call=stop_at_first_call, progress=progress)
+
+# %% ../nbs/26_evaluation.ipynb #5e015c17
+def _injected_generations(generate_fn, items, outs, batch_size):
+    "The completions of `generate_fn` for `items`, `batch_size` states a call, checked, into `outs`."
+    for k in range(0, len(items), batch_size):
+        part = items[k:k + batch_size]
+        texts = generate_fn([it["state"] for it in part], [it["prompt"] for it in part])
+        _check_out("generate_fn", texts, len(part), "completion strings")
+        if not all(isinstance(t, str) for t in texts): raise TypeError("generate_fn must return strings (one completion per state)")
+        for o, t in zip(outs[k:k + len(part)], texts): o["text"] = t
+
+def _injected_scores(score_fn, items, outs):
+    "The log-probabilities `score_fn` gives the right and the wrong action where both replies were located, checked, into `outs`."
+    scorable = [i for i, it in enumerate(items) if "right" in it["replies"]]
+    for side, key in (("right", "action"), ("wrong", "distractor")):
+        vals = score_fn([items[i]["state"] for i in scorable], [items[i]["row"][key] for i in scorable]) if scorable else []
+        _check_out("score_fn", vals, len(scorable), "log-probabilities")
+        for i, v in zip(scorable, vals): outs[i]["logp"][side] = float(v)
+
+# %% ../nbs/26_evaluation.ipynb #faf9e609
+def _record(it, o, eos, known):
+    "The JSONL record of item `it` with outcome `o` (text, stop, n_new, logp, ntok)."
+    s, r, text, lp = it["state"], it["row"], o["text"], o["logp"]
+    action = completion_to_action(text, eos=eos) if text is not None else None
+    lr, lw = lp.get("right"), lp.get("wrong")
+    tok_lp = {side[2:]: lp[side] / o["ntok"][side] for side in ("m_right", "m_repeat", "m_recorded") if side in lp and o["ntok"].get(side)}
+    margin = lambda other: tok_lp["right"] - tok_lp[other] if "right" in tok_lp and other in tok_lp else None
+    return {
+        "state_id": s["state_id"], "session_id": r.get("session_id", s["state_id"].rsplit("::", 1)[0]),
+        "state_index": r.get("state_index"), "task": r.get("task"), "error_recovery": bool(r.get("error_recovery")),
+        "attempt": r.get("attempt"), "error_kind": r.get("error_kind"), "scenario": r.get("scenario"),
+        "expected_action": r["action"], "expected_tools": [c["tool"] for c in _row_calls(r)],
+        "generation": text, "stop": o["stop"], "n_new_tokens": o["n_new"], "n_prompt_tokens": it["n_prompt"],
+        "prompt_truncated": it["truncated"], "prompt_steps_dropped": bool(it.get("steps_dropped")), "predicted_action": action,
+        "predicted_tools": [c["name"] for c in parse_tool_calls(text, eos=eos)] if text is not None else None,
+        "well_formed": _well_formed(text, eos, known) if text is not None else None,
+        "correct": action_matches(action, r) if text is not None else None, "logp_right": lr, "logp_wrong": lw,
+        "preference_correct": (lr > lw) if lr is not None and lw is not None else None,
+        "logp_per_token": tok_lp or None, "margin_repeat": margin("repeat"), "margin_recorded": margin("recorded"),
+    }
+
 # %% ../nbs/26_evaluation.ipynb #983273bb
 def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `score_fn`, or preference=False) stand in for it
                    tokenizer, # its tokenizer, with the chat template the model was trained with
@@ -159,134 +320,23 @@ def evaluate_agent(model, # HF causal LM; None only when `generate_fn` (and `sco
                   ) -> EvalResult:
     "Greedy next action at every state against the expected one, and how often the model prefers the right action to the wrong one."
     t0 = time.perf_counter()
-    _positive("max_new_tokens", max_new_tokens); _positive("batch_size", batch_size)
-    _positive("max_states", max_states, none_ok=True); _positive("max_prompt_tokens", max_prompt_tokens, none_ok=True)
-    if not getattr(tokenizer, "chat_template", None): raise ValueError("tokenizer must have a chat template (tokenizer.chat_template is empty)")
-    for name, fn in (("generate_fn", generate_fn), ("score_fn", score_fn)):
-        if fn is not None and not callable(fn): raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
-    model_scores = bool(preference) and score_fn is None
-    generate = generate_fn is None and bool(greedy)
-    use_model = generate or model_scores or (bool(margins) and model is not None)
-    if model is None and use_model: raise ValueError("model is None: pass a model, or a generate_fn and (a score_fn or preference=False)")
-    if model is not None and not (callable(model) and hasattr(model, "parameters")):
-        raise TypeError(f"model must be a causal LM (a torch module), got {type(model).__name__}")
-    rows = _expected(expected)
-    states = _states(sessions, ingester)
-    by_id = {r["state_id"]: r for r in rows}
-    matched = [s for s in states if s["state_id"] in by_id]
-    if not matched:
-        if states and rows:
-            raise ValueError(f"no state of sessions has an expected row ({len(states)} states, {len(rows)} rows; state ids look like "
-                             f"{states[0]['state_id']!r:.70}, the rows' like {rows[0]['state_id']!r:.70})")
-        raise ValueError(f"nothing to evaluate: {len(states)} states in sessions, {len(rows)} expected rows")
-    seen = {s["state_id"] for s in states}
-    counts = {"states_read": len(states), "states_without_expected": len(states) - len(matched),
-              "expected_without_state": sum(r["state_id"] not in seen for r in rows)}
+    model_scores, generate, use_model = _check_eval_args(model, tokenizer, max_new_tokens, batch_size, max_states, max_prompt_tokens,
+                                                         generate_fn, score_fn, preference, greedy, margins)
+    rows, by_id, matched, counts = _read_inputs(sessions, expected, ingester)
     if max_states is not None: matched = matched[:max_states]
     known, eos = _known_tools(known_tools, rows), getattr(tokenizer, "eos_token", None)
-
-    items = []  # per state: its prompt, and the right and wrong replies as (prompt, turn text) to score
-    def replies(it, messages, prompt_p):
-        r, wrong, out = it["row"], it["row"].get("distractor"), {}
-        if preference and isinstance(wrong, str) and wrong != r["action"]:
-            for side, act in (("right", r["action"]), ("wrong", wrong)):
-                if (rt := _reply_text(tokenizer, messages, act, prompt_p, it["tools"])) is None: out = {}; break
-                out[side] = rt
-        if margins and model is not None and r.get("error_recovery") and (right := _calls_only(r["action"])) is not None:
-            sides = {"m_right": right, "m_repeat": _failing_calls(messages),
-                     "m_recorded": _calls_only(it["state"]["student_action"]) if r.get("recorded_ok") is False and it["state"].get("student_action") else None}
-            for side, msg in sides.items():
-                if msg is not None and (rt := _reply_text(tokenizer, messages, msg, prompt_p, it["tools"])) is not None: out[side] = rt
-        return out
-    for s in matched:
-        r, tools = by_id[s["state_id"]], check_tools(s.get("tools"), f"state {s['state_id']!r:.60}: tools")
-        prompt_p = render_conversation(tokenizer, s["messages"], add_generation_prompt=True, tools=tools, protect=True)
-        prompt = plain_text(prompt_p)   # what a generate_fn is given: the same rendering, unmarked (rendered once)
-        it = {"state": s, "row": r, "prompt": prompt, "prompt_p": prompt_p, "tools": tools, "truncated": False, "n_prompt": None}
-        it["replies"] = replies(it, s["messages"], prompt_p)
-        items.append(it)
+    score_margins = bool(margins) and model is not None   # the margins are the model's log-probabilities
+    items = _prepare_items(tokenizer, matched, by_id, preference, score_margins)
     counts["preference_unscorable"] = sum(bool(preference) and isinstance(it["row"].get("distractor"), str) and "right" not in it["replies"] for it in items)
     by_model = lambda side: side.startswith("m_") or model_scores   # the sides the model scores (the others: score_fn's)
-
-    texts, n_new, ntok = [None] * len(items), [None] * len(items), [{} for _ in items]
-    stops = ["injected" if generate_fn is not None else None] * len(items)
-    logps = [{} for _ in items]
+    outs = [{"text": None, "n_new": None, "stop": "injected" if generate_fn is not None else None, "logp": {}, "ntok": {}} for _ in items]
     if model is not None and use_model:
-        import torch
-        from tqdm.auto import tqdm
-        dev = torch.device(device) if device is not None else next(model.parameters()).device
-        if device is not None: model.to(dev)
-        stop_ids, ctx = stop_token_ids(model, tokenizer), getattr(getattr(model, "config", None), "max_position_embeddings", None)
-        def fit(pids, conts):  # drop the oldest prompt tokens that would not leave room for the reply
-            caps = [c for c in (max_prompt_tokens, ctx - max([max_new_tokens, *map(len, conts)]) if ctx else None) if c is not None]
-            k = max(1, min(caps)) if caps else None
-            return (pids[-k:], True) if k is not None and len(pids) > k else (pids, False)
-        shared, separate = [], []  # continuations scored from the generation prompt's cache, and those of other prompts
-        def room(conts):
-            caps = [c for c in (max_prompt_tokens, ctx - max([max_new_tokens, *map(len, conts)]) if ctx else None) if c is not None]
-            return max(1, min(caps)) if caps else None
-        for i, it in enumerate(items):
-            conts = lambda: {side: _encode(tokenizer, seg) for side, (pre, seg) in it["replies"].items() if by_model(side) and pre == it["prompt_p"]}
-            pids, cap = _encode(tokenizer, it["prompt_p"]), room(list(conts().values()))
-            if windows and cap is not None and len(pids) > cap and (cut := _step_prompt(tokenizer, it["state"]["messages"], it["tools"], cap)):
-                it["prompt_p"], kept = cut   # whole steps dropped: the system prompt, the task and the latest steps stay
-                it["replies"] = replies(it, kept, it["prompt_p"]); it["steps_dropped"] = True
-                pids = _encode(tokenizer, it["prompt_p"])
-            c = conts()
-            for side, (pre, seg) in it["replies"].items():
-                if by_model(side) and pre != it["prompt_p"]: separate.append((i, side, pre, seg))  # a template that is not prefix-stable at this turn
-            it["prompt_ids"], it["truncated"] = fit(pids, list(c.values()))
-            it["n_prompt"], it["conts"] = len(it["prompt_ids"]), c
-            ntok[i] = {side: len(v) for side, v in c.items()}
-        order = sorted(range(len(items)), key=lambda i: -len(items[i]["prompt_ids"]))  # similar lengths together: less padding
-        batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-        with torch.no_grad():
-            for bt in tqdm(batches, desc="eval", unit="batch", disable=not progress, file=sys.stderr, leave=False):
-                out = decode_batch(model, tokenizer, [items[i] for i in bt], generate=generate,
-                                 max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev, first_call=stop_at_first_call)
-                for j, i in enumerate(bt):
-                    logps[i].update(out[2][j])
-                    if generate: n_new[i], stops[i], texts[i] = out[0][j], out[1][j], out[3][j]
-            for i, side, pre, seg in separate:
-                c = _encode(tokenizer, seg)
-                pids, _ = fit(_encode(tokenizer, pre), [c])
-                out = decode_batch(model, tokenizer, [{"prompt_ids": pids, "conts": {side: c}}], generate=False,
-                                 max_new_tokens=max_new_tokens, stop_ids=stop_ids, device=dev)
-                logps[i].update(out[2][0]); ntok[i][side] = len(c)
-    if generate_fn is not None:
-        for k in range(0, len(items), batch_size):
-            part = items[k:k + batch_size]
-            outs = generate_fn([it["state"] for it in part], [it["prompt"] for it in part])
-            _check_out("generate_fn", outs, len(part), "completion strings")
-            if not all(isinstance(o, str) for o in outs): raise TypeError("generate_fn must return strings (one completion per state)")
-            texts[k:k + len(part)] = outs
-    if preference and score_fn is not None:
-        scorable = [i for i, it in enumerate(items) if "right" in it["replies"]]
-        for side, key in (("right", "action"), ("wrong", "distractor")):
-            vals = score_fn([items[i]["state"] for i in scorable], [items[i]["row"][key] for i in scorable]) if scorable else []
-            _check_out("score_fn", vals, len(scorable), "log-probabilities")
-            for i, v in zip(scorable, vals): logps[i][side] = float(v)
-
-    records = []
-    for i, it in enumerate(items):
-        s, r, text = it["state"], it["row"], texts[i]
-        action = completion_to_action(text, eos=eos) if text is not None else None
-        lr, lw = logps[i].get("right"), logps[i].get("wrong")
-        tok_lp = {side[2:]: logps[i][side] / ntok[i][side] for side in ("m_right", "m_repeat", "m_recorded") if side in logps[i] and ntok[i].get(side)}
-        margin = lambda other: tok_lp["right"] - tok_lp[other] if "right" in tok_lp and other in tok_lp else None
-        records.append({
-            "state_id": s["state_id"], "session_id": r.get("session_id", s["state_id"].rsplit("::", 1)[0]),
-            "state_index": r.get("state_index"), "task": r.get("task"), "error_recovery": bool(r.get("error_recovery")),
-            "attempt": r.get("attempt"), "error_kind": r.get("error_kind"), "scenario": r.get("scenario"),
-            "expected_action": r["action"], "expected_tools": [c["tool"] for c in _row_calls(r)],
-            "generation": text, "stop": stops[i], "n_new_tokens": n_new[i], "n_prompt_tokens": it["n_prompt"],
-            "prompt_truncated": it["truncated"], "prompt_steps_dropped": bool(it.get("steps_dropped")), "predicted_action": action,
-            "predicted_tools": [c["name"] for c in parse_tool_calls(text, eos=eos)] if text is not None else None,
-            "well_formed": _well_formed(text, eos, known) if text is not None else None,
-            "correct": action_matches(action, r) if text is not None else None, "logp_right": lr, "logp_wrong": lw,
-            "preference_correct": (lr > lw) if lr is not None and lw is not None else None,
-            "logp_per_token": tok_lp or None, "margin_repeat": margin("repeat"), "margin_recorded": margin("recorded"),
-        })
+        _model_pass(model, tokenizer, items, outs, by_model, device=device, max_prompt_tokens=max_prompt_tokens, max_new_tokens=max_new_tokens,
+                    windows=windows, preference=preference, margins=score_margins, batch_size=batch_size, generate=generate,
+                    stop_at_first_call=stop_at_first_call, progress=progress)
+    if generate_fn is not None: _injected_generations(generate_fn, items, outs, batch_size)
+    if preference and score_fn is not None: _injected_scores(score_fn, items, outs)
+    records = [_record(it, o, eos, known) for it, o in zip(items, outs)]
     summary = summarize_records(records)
     secs = time.perf_counter() - t0
     summary.update(counts, seconds=secs, states_per_s=len(records) / secs if secs > 0 else math.nan)

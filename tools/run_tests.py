@@ -34,6 +34,7 @@ def run_notebooks(path: str | None, fast: bool, n_workers: int) -> tuple[int, in
     else:
         files = nbglob(path, as_path=True)
     files = sorted(f.absolute() for f in files if _keep_file(f, ".notest"))
+    if not fast: files.sort(key=lambda f: not has_slow_cells(f))   # the long ones first, so no worker is left alone with one at the end
     skip = cfg.tst_flags.split()
     force = [] if fast else [f for f in skip if f != "notest"]
     workers = min(n_workers, len(files)) if len(files) > 1 else 1
@@ -49,6 +50,13 @@ def run_notebooks(path: str | None, fast: bool, n_workers: int) -> tuple[int, in
         print(f"  {'ok  ' if ok else 'FAIL'} {secs:6.1f}s  {f.relative_to(ROOT).as_posix()}")
     print(f"notebooks: {len(files) - len(failed)} passed, {len(failed)} failed in {time.time() - t0:.0f}s")
     return len(files) - len(failed), len(failed), failed
+
+
+def has_slow_cells(nb: Path) -> bool:
+    "Whether a notebook has a `#| slow` cell (the notebooks that train real models: the suite's longest)."
+    import json
+    cells = json.loads(nb.read_text(encoding="utf-8")).get("cells", [])
+    return any(c.get("cell_type") == "code" and "".join(c.get("source", [])).lstrip().startswith("#| slow") for c in cells)
 
 
 def run_pytest(fast: bool, n_workers: int = 1) -> tuple[int, int]:

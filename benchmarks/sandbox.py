@@ -156,17 +156,12 @@ def episodes(n: int) -> dict:
             "serial_episode_median_s": st.median(e["total"] for e in serial)}
 
 
-def recorded_calls(split: Path, session_id: str) -> list[tuple[str, dict]]:
+def session_calls(split: Path, session_id: str) -> list[tuple[str, dict]]:
     "The tool calls of a suite session as recorded, in order: (tool name, arguments)."
-    from composer_replication.hint_generator import tool_calls_of
+    from composer_replication.environments import recorded_calls
     from composer_replication.task_suite import suite_ingester
     last = list(suite_ingester(split).ingest(split / "sessions" / f"{session_id}.jsonl"))[-1]
-    out = []
-    for m in last["messages"]:
-        for tc in tool_calls_of(m):
-            fn = tc.get("function", tc); a = fn.get("arguments", fn.get("input"))
-            out.append((fn["name"], json.loads(a) if isinstance(a, str) else dict(a or {})))
-    return out
+    return [(name, args) for name, args, _ in recorded_calls(last["messages"])]
 
 
 def suite_task(work: Path):
@@ -178,7 +173,7 @@ def suite_task(work: Path):
     task = next(t for t in suite_repo_tasks(split, work / "repos", tasks=("fix_bug",)))
     sid = task.task_id.split("::")[0]
     n_prompt = sum(len(m.get("tool_calls") or []) for m in task.prompt if m.get("role") == "assistant")
-    return task, recorded_calls(split, sid)[n_prompt:]
+    return task, session_calls(split, sid)[n_prompt:]
 
 
 def replay_episode(env, task, calls, barrier=None, peers=lambda env: []) -> dict:

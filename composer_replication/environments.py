@@ -16,7 +16,7 @@ from .task_suite_repos import SyntheticRepo
 from fastcore.basics import patch, patch_to
 
 # %% auto #0
-__all__ = ['TASK_KINDS', 'FAIL_COST', 'SuiteTask', 'replay_calls', 'suite_tasks', 'task_solved', 'TaskSuiteEnv',
+__all__ = ['TASK_KINDS', 'FAIL_COST', 'SuiteTask', 'recorded_calls', 'replay_calls', 'suite_tasks', 'task_solved', 'TaskSuiteEnv',
            'suite_environment', 'suite_dataset']
 
 # %% ../nbs/25c_environments.ipynb #dfb8e140
@@ -38,7 +38,7 @@ class SuiteTask:
     goal: dict = field(default_factory=dict)  # the files at the end of the recorded session (the task done)
     log: list[str]|None = None  # the commits `git log` showed in the record (None: not shown, the repository draws its own)
 
-def _calls_of(messages:list[dict]) -> list[tuple[str, dict, str|None]]:
+def recorded_calls(messages:list[dict]) -> list[tuple[str, dict, str|None]]:
     "(tool, input, recorded result) of every tool call in a conversation, in order."
     result_of = {call: j for j, call in match_tool_results(messages).items()}   # by id, else by position
     out = []
@@ -83,7 +83,7 @@ def suite_tasks(split_dir:str|Path, # a split folder written by `make_task_suite
         if len(states) != len(rows.get(sid, [])): raise ValueError(f"session {sid}: {len(states)} states but {len(rows.get(sid, []))} expected rows")
         last = states[-1]
         whole = list(last["messages"]) + [{"role": "assistant", "content": last.get("student_action") or ""}]
-        calls = _calls_of(whole)
+        calls = recorded_calls(whole)
         log = next((rec.split("\n") for name, inp, rec in calls if name == "Bash" and str(inp.get("command")).startswith("git log") and rec), None)
         repo, differ = replay_calls(meta, calls, log=log)
         if differ: raise ValueError(f"session {sid}: the simulated tools answer {len(differ)} recorded call(s) differently, e.g. {differ[0]}")
@@ -95,7 +95,7 @@ def suite_tasks(split_dir:str|Path, # a split folder written by `make_task_suite
             at = next(i for i, r in enumerate(rows[sid]) if r["error_recovery"] and r["attempt"] == 0)
             msgs = states[at]["messages"]
             out.append(SuiteTask(task_id=f"{sid}::recovery", kind="recovery", prompt=copy.deepcopy(msgs),
-                                 prefix_calls=[(n, i) for n, i, _ in _calls_of(msgs)], expected=rows[sid][at], **common))
+                                 prefix_calls=[(n, i) for n, i, _ in recorded_calls(msgs)], expected=rows[sid][at], **common))
     return out
 
 # %% ../nbs/25c_environments.ipynb #469b75e5

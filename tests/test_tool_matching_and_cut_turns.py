@@ -81,7 +81,7 @@ def test_repeated_failure_by_position():
 
 
 def test_error_sites_and_evaluation_by_position():
-    from composer_replication.environments import _calls_of
+    from composer_replication.environments import recorded_calls
     from composer_replication.evaluation import _failing_calls
     from composer_replication.task_suite import error_sites
     msgs = messages_from_turns(ref_trace())
@@ -91,7 +91,7 @@ def test_error_sites_and_evaluation_by_position():
     sites = error_sites([{"state_id": "s", "messages": msgs[:6]}])
     assert [(s["tool"], s["input"]) for s in sites] == [("Edit", BAD["input"])]
     assert _failing_calls(msgs[:6])["tool_calls"][0]["function"]["name"] == "Edit"
-    assert [(n, r) for n, _, r in _calls_of(msgs)] == [("Read", "def sub(a, b): return a-b"), ("Edit", msgs[5]["content"]), ("Edit", "ok")]
+    assert [(n, r) for n, _, r in recorded_calls(msgs)] == [("Read", "def sub(a, b): return a-b"), ("Edit", msgs[5]["content"]), ("Edit", "ok")]
 
 
 # -- point 7 ---------------------------------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ Claude Code tools) answers, and the episode's reward is the task's success in [0
 0.1 per failed call. `on_policy.OnPolicyComposerTrainer` adds channel 2 on the student's own rollouts (a hint after
 each of its failed calls, with the solution when a rollout of the same task in the group found it) and channel 3 on
 pairs at the train split's recovery states (the right call against the recorded distractor). It writes
-`on_policy.json` (settings, per-step times and metrics, the reward curve) into --out.
+`on_policy.json` (`on_policy_sandbox.json` for the sandbox: settings, the warm start's probes, per-step times and metrics,
+the reward curve) into --out once the warm start is done and again after every on-policy step (`finished` false until the
+end), so a run stopped early keeps what it measured.
 """
 from __future__ import annotations
 
@@ -142,6 +144,15 @@ def run(s:Settings, out:Path, work:Path) -> dict:
     probe = lambda: tool_call_rate(model, tok, [t.prompt for t in episodes], tools, s.max_completion_length)
     warm = warm_start(model, tok, states, probe, s, work) if s.sft_steps else None
     times = {"rollout": [], "step": []}
+    dest = out/f"on_policy{'_sandbox' if s.environment == 'sandbox' else ''}.json"
+
+    def write(log_history, wall, after, finished):
+        res = _results(s, log_history, times, episodes, pairs, trained, warm, after, wall, finished)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".part"); tmp.write_text(json.dumps(res, indent=1)); tmp.replace(dest)
+        return res
+
+    write([], 0.0, None, finished=False)   # the warm start's figures, before the first on-policy step
     t_start = time.perf_counter()
 
     class Timed(OnPolicyComposerTrainer):
@@ -153,6 +164,11 @@ def run(s:Settings, out:Path, work:Path) -> dict:
         def on_step_end(self, args, state, control, **kw):
             times["step"].append(time.perf_counter() - self.t0)
             if s.budget_s and time.perf_counter() - t_start > s.budget_s: control.should_training_stop = True
+        def on_log(self, args, state, control, logs=None, **kw):   # the figures so far, so that a stopped run keeps them
+            if logs and "reward" in logs:
+                write(state.log_history, time.perf_counter() - t_start, None, finished=False)
+                say(f"on-policy step {state.global_step}: reward {logs['reward']:+.3f}, tool calls a rollout "
+                    f"{logs.get('tools/call_frequency', float('nan')):.2f}, sdpo sites {logs.get('on_policy/sites', float('nan')):.0f}")
 
     args = GRPOConfig(output_dir=str(work/"runs"), per_device_train_batch_size=s.prompts * s.generations, num_generations=s.generations,
                       max_completion_length=s.max_completion_length, max_tool_calling_iterations=s.tool_iterations, max_steps=s.steps,
@@ -165,7 +181,12 @@ def run(s:Settings, out:Path, work:Path) -> dict:
     tr.remove_callback(PrinterCallback); tr.add_callback(StepTimer())
     t0 = time.perf_counter(); tr.train(); wall = time.perf_counter() - t0
     after = probe() if s.sft_steps else None
-    logs = [h for h in tr.state.log_history if "reward" in h]
+    return write(tr.state.log_history, wall, after, finished=True)
+
+
+def _results(s:Settings, log_history:list, times:dict, episodes:list, pairs:list, trained, warm, after, wall:float, finished:bool) -> dict:
+    "The run's figures from the trainer's log so far (`finished` False while it trains)."
+    logs = [h for h in log_history if "reward" in h]
     keep = ("loss", "reward", "reward_std", "composer/grpo", "composer/sdpo_jsd", "composer/trace_replay_dpo", "env/solved", "env/recovered",
             "env/failed_calls", "env/passed", "env/tests", "on_policy/sites", "on_policy/with_solution", "on_policy/targets",
             "tools/call_frequency", "tools/failure_frequency")
@@ -174,12 +195,10 @@ def run(s:Settings, out:Path, work:Path) -> dict:
              for i, h in enumerate(logs)]
     res = {"model": s.model, "environment": s.environment, "settings": asdict(s), "versions": _versions(), "commit": _commit(),
            "episodes": len(episodes), "pairs": len(pairs), "trained": trained["layers"] if trained else "every weight",
-           "warm_start": warm, "tool_call_rate_after": after, "wall_s": wall, "steps": steps,
+           "warm_start": warm, "tool_call_rate_after": after, "finished": finished, "wall_s": wall, "steps": steps,
            "reward_curve": [h.get("reward") for h in logs],
            "median_step_s": sorted(times["step"])[len(times["step"]) // 2] if times["step"] else None,
            "median_rollout_s": sorted(times["rollout"])[len(times["rollout"]) // 2] if times["rollout"] else None}
-    out.mkdir(parents=True, exist_ok=True)
-    (out/f"on_policy{'_sandbox' if s.environment == 'sandbox' else ''}.json").write_text(json.dumps(res, indent=1))
     return res
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from composer_replication.checks import check_positive_int, check_range
-from composer_replication.demo import SCRIPTED_TEACHERS
+from composer_replication.sample import SCRIPTED_TEACHERS
 from composer_replication.loss import LossConfig
 from composer_replication.recipes.monarch.actors import (
     MONARCH_AVAILABLE, GeneratorActor, RewarderActor, TeacherPoolActor, TrainerActor, local_actors, local_procs, rollout_examples,

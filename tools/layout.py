@@ -4,7 +4,8 @@
     no re-export shim       a module-level `__getattr__` only in a package `__init__` (lazy top-level names, optional stacks)
     no private import       an `_underscore` name imported from another package module; no entry point naming one
     the map is the layout   a notebook imports only modules whose notebooks sort before its own (lesson cells included;
-                            a package's notebook may import its own children)
+                            a package's notebook may import its own children); no two notebooks share a number prefix
+                            (`15f`); a package's notebook sorts before its children's; every notebook is in nbs/sidebar.yml
 
 Each rule prints PASS or FAIL with what broke it; the exit status is the number of rules broken.
 """
@@ -77,7 +78,7 @@ def notebook_modules(root: Path = ROOT) -> dict[str, str]:
     for nb in sorted((root/"nbs").glob("*.ipynb")):
         for c in json.loads(nb.read_text())["cells"]:
             m = re.search(r"^#\|\s*default_exp\s+(\S+)", "".join(c["source"]), re.M)
-            if c["cell_type"] == "code" and m: out[f"{PKG}.{m.group(1).removesuffix('.__init__')}"] = nb.name; break
+            if c["cell_type"] == "code" and m: out[f"{PKG}.{m.group(1)}".removesuffix(".__init__")] = nb.name; break
     return out
 
 
@@ -123,10 +124,22 @@ def check(root: Path = ROOT) -> list[tuple[str, list]]:
             later = owner.get(mod)
             if package and mod.startswith(own + "."): continue   # a package's notebook shows its own children
             if later and later > nb.name: order.append(f"{nb.name} imports {mod} ({later})")
+    names = sorted(nb.name for nb in (root/"nbs").glob("*.ipynb") if nb.name != "index.ipynb")
+    prefix = {}
+    for n in names: prefix.setdefault(n.split("_")[0], []).append(n)
+    shared = [f"{p} is the prefix of {', '.join(ns)}" for p, ns in prefix.items() if len(ns) > 1]
+    parents = [f"{owner[m]} (package {m}) sorts after {nb} ({c})" for m in owner if m in mods and mods[m].name == "__init__.py"
+               for c, nb in owner.items() if c.startswith(m + ".") and nb < owner[m]]
+    listed = set(re.findall(r"^\s*-\s*(\S+\.ipynb)\s*$", (root/"nbs"/"sidebar.yml").read_text(), re.M))
+    unlisted = sorted(str(nb.relative_to(root/"nbs")) for nb in (root/"nbs").rglob("*.ipynb")
+                      if ".ipynb_checkpoints" not in nb.parts and str(nb.relative_to(root/"nbs")) not in listed)
     return [("no import cycle between package modules", cycles(edges)),
             ("no re-export shim (a module-level __getattr__ outside a package __init__)", shims),
             ("no private name imported across modules; no entry point naming one", private),
-            ("a notebook imports only modules whose notebooks sort before its own", order)]
+            ("a notebook imports only modules whose notebooks sort before its own", order),
+            ("no two notebooks share a number prefix", shared),
+            ("a package's notebook sorts before its children's", parents),
+            ("every notebook has its place in the site's map (nbs/sidebar.yml)", unlisted)]
 
 
 def main() -> int:

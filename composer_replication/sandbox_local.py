@@ -120,11 +120,12 @@ class LocalSandbox(SandboxBackend):
             if os.geteuid() == 0:
                 raise SandboxError("running as root and no cgroup is writable to bound processes and memory (RLIMIT_NPROC never binds uid 0): refusing to run unsandboxed")
             rlimits = {"RLIMIT_NPROC": nproc, "RLIMIT_AS": sb.memory_mb << 20}
-        env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/local/bin:/usr/bin:/bin", "HOME": sb.workdir,
+        py = os.path.normpath(os.path.abspath(sys.executable))   # `../.venv/bin/python` names a folder the sandbox does not show
+        env = {"PATH": f"{os.path.dirname(py)}:/usr/local/bin:/usr/bin:/bin", "HOME": sb.workdir,
                "LANG": os.environ.get("LANG", "C.UTF-8"), **sb.env}
         argv = ["/bin/sh", "-c", 'unset PWD OLDPWD; for f; do [ "$f" = -- ] && break; echo $$ > "$f" || exit 125; shift; done; shift; exec "$@"', "sh",
                 *[os.path.join(d, "cgroup.procs") for d in self.cgroups or []], "--", shutil.which("bwrap"),
-                *_bwrap_argv(sb.workdir, sb.network, env), "--", sys.executable, "-I", "-S", "-c", server_source(),
+                *_bwrap_argv(sb.workdir, sb.network, env), "--", py, "-I", "-S", "-c", server_source(),
                 json.dumps({"root": sb.workdir, "rlimits": rlimits})]
         self._err = tempfile.TemporaryFile()
         try:

@@ -7,7 +7,8 @@
 
 `--environment sandbox` runs every rollout's tools for real (`repo_env.RepoEnv`): each episode is one of the train split's
 `fix_bug` / `rename` / `add_flag` sessions from its prompt, its repository copied into a bubblewrap `Sandbox`, and the
-reward is the share of the task's tests that pass at the end minus 0.1 per failed call. `--sft-steps N` first trains
+reward is the share of the task's tests that pass at the end minus 0.1 per failed call (`do_nothing` in the file: each
+episode's reward when nothing is changed, since an untouched repository already passes some of its tests). `--sft-steps N` first trains
 the student with plain SFT on the train split's recorded sessions (the same top layers), probing every
 `--sft-check-every` steps how many of the episodes' first turns (greedy) hold a well-formed tool call, and stops as
 soon as `--sft-until` of them do. `--budget-s` stops the on-policy phase after the step that crosses it.
@@ -76,6 +77,16 @@ def tool_call_rate(model, tok, prompts:list[list[dict]], tools:list|None, max_ne
     return {"rate": n / len(prompts), "with_call": n, "prompts": len(prompts), "calls": names}
 
 
+def do_nothing(episodes:list) -> dict:
+    "Each sandbox episode's reward when the student changes nothing: the share of its tests the untouched repository passes."
+    from composer_replication.repo_env import RepoEnv
+    per = {}
+    for t in episodes:
+        env = RepoEnv(episodes); env.reset(task_id=t.task_id); o = env.outcome
+        per[t.task_id] = {"passed": o["passed"], "tests": o["tests"], "reward": o["reward"]}
+    return {"per_task": per, "mean": sum(v["reward"] for v in per.values()) / len(per), "solved": sum(v["passed"] == v["tests"] for v in per.values())}
+
+
 def warm_start(model, tok, states:list[dict], probe, s:Settings, work:Path) -> dict:
     "SFT on the recorded sessions (the first channel alone) until `probe()` finds tool calls in `sft_until` of the first turns."
     from transformers import TrainerCallback, TrainingArguments
@@ -133,10 +144,11 @@ def run(s:Settings, out:Path, work:Path) -> dict:
         episodes = suite_repo_tasks(split, work/"repos")   # each session's task from its prompt: fix_bug, rename, add_flag
         factory, probe_tools = repo_environment(episodes), RepoEnv(episodes)
         tools = [getattr(probe_tools, n) for n in ("Read", "Write", "Edit", "Bash", "Glob", "Grep")]
+        baseline = do_nothing(episodes)
     elif s.environment == "task_suite":
         tasks = suite_tasks(split)
         episodes = [t for t in tasks if t.kind == "recovery"]
-        factory, tools = suite_environment(tasks), None
+        factory, tools, baseline = suite_environment(tasks), None, None
     else: raise ValueError(f"--environment must be task_suite or sandbox, got {s.environment!r}")
     model, tok = load_student(s.model)
     tok.response_template = qwen3_template   # the students' templates write tool calls as Qwen's do (<tool_call> JSON): TRL parses them so
@@ -148,6 +160,7 @@ def run(s:Settings, out:Path, work:Path) -> dict:
 
     def write(log_history, wall, after, finished):
         res = _results(s, log_history, times, episodes, pairs, trained, warm, after, wall, finished)
+        res["do_nothing"] = baseline
         out.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_suffix(".part"); tmp.write_text(json.dumps(res, indent=1)); tmp.replace(dest)
         return res

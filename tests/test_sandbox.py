@@ -489,3 +489,17 @@ def test_stale_cgroups_removed(repo):
     finally:
         for d in stale + fresh:
             if d.exists(): d.rmdir()
+
+
+def test_host_python_named_through_a_hidden_folder(repo, tmp_path):
+    """A host interpreter started by a relative path from a folder the sandbox does not show (`../.venv/bin/python` from a
+    subfolder: Python keeps `<cwd>/../.venv/bin/python` as `sys.executable`) still starts the sandbox."""
+    hidden = tmp_path / "elsewhere"; hidden.mkdir()
+    code = ("import sys; from composer_replication.sandbox import Sandbox; "
+            f"sb = Sandbox({str(repo)!r}); r = sb.run('python -c \"import sys; print(sys.prefix)\"'); sb.close(); "
+            "print('..' in sys.executable, r.returncode, r.stdout.strip(), sep='|')")
+    out = subprocess.run([os.path.relpath(sys.executable, hidden), "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=hidden, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    dotted, rc, prefix = out.stdout.strip().splitlines()[-1].split("|")
+    assert dotted == "True" and rc == "0" and Path(prefix) == Path(sys.prefix), out.stdout

@@ -192,16 +192,10 @@ def replay_episode(env, task, calls, barrier=None, peers=lambda env: []) -> dict
 
 
 def student_turn(model, tok, messages, tools, new_tokens):
-    "The student's next assistant turn, greedy, stopped after its first complete tool call: (text, seconds, tokens)."
-    import torch
-    ids = tok.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    t = time.perf_counter()
-    with torch.no_grad():
-        out = model.generate(ids, max_new_tokens=new_tokens, do_sample=False, stop_strings=["</tool_call>"], tokenizer=tok,
-                             pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-    dt = time.perf_counter() - t
-    new = out[0, ids.shape[1]:]
-    return tok.decode(new, skip_special_tokens=False), dt, int(new.numel()), int(ids.shape[1])
+    "The student's next assistant turn (`decoding.next_turn`: greedy, stopped after its first complete tool call): (text, seconds, tokens, prompt tokens)."
+    from composer_replication.decoding import next_turn
+    t = time.perf_counter(); turn = next_turn(model, tok, messages, tools, new_tokens); dt = time.perf_counter() - t
+    return turn["text"], dt, turn["tokens"], turn["prompt_tokens"]
 
 
 def agent_episode(env, task, model, tok, new_tokens, calls=None, turns=3) -> dict:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import inspect
 
 # %% auto #0
-__all__ = ['TOOL_CALL_OPEN', 'TOOL_CALL_CLOSE', 'end_after_calls', 'stop_token_ids', 'cache_keyword', 'decode_batch']
+__all__ = ['TOOL_CALL_OPEN', 'TOOL_CALL_CLOSE', 'end_after_calls', 'stop_token_ids', 'cache_keyword', 'decode_batch', 'next_turn']
 
 # %% ../nbs/25g_decoding.ipynb #e6fd7ac1
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"   # how the chat templates here write a call (`models.parse_tool_calls`)
@@ -151,3 +151,24 @@ def decode_batch(model, # HF causal LM, in eval mode
     gens, stops, texts = _decode_greedy(model, tokenizer, cache, last, mask, lens, max_new_tokens=max_new_tokens,
                                         stop_ids=stop_ids, device=device, first_call=first_call, kw=kw)
     return [len(g) for g in gens], stops, scores, texts
+
+# %% ../nbs/25g_decoding.ipynb #478d3085
+def next_turn(model, # HF causal LM
+              tokenizer, # its tokenizer, with a chat template
+              messages:list[dict], # the conversation so far, OpenAI-style
+              tools:list|None=None, # the tools the template shows (functions or JSON schemas)
+              max_new_tokens:int=160, # the turn stops after this many tokens
+             ) -> dict: # {"text": the turn, "tokens": its token count, "prompt_tokens": the rendered conversation's}
+    "The model's next assistant turn, greedy, stopped at the end of the turn or after its first complete tool call."
+    import torch
+    ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model.generate(ids.to(model.device), max_new_tokens=max_new_tokens, do_sample=False, stop_strings=[TOOL_CALL_CLOSE],
+                                 tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+    finally: model.train(was)
+    new = out[0, ids.shape[1]:]
+    return {"text": tokenizer.decode(new, skip_special_tokens=False), "tokens": int(new.numel()), "prompt_tokens": int(ids.shape[1])}
+

@@ -62,19 +62,11 @@ class Settings:
 
 def tool_call_rate(model, tok, prompts:list[list[dict]], tools:list|None, max_new_tokens:int) -> dict:
     "The share of `prompts` whose greedy first turn holds a well-formed tool call, and the calls' names."
-    import torch
+    from composer_replication.decoding import next_turn
     from composer_replication.models import parse_tool_calls
-    was, names, n = model.training, [], 0
-    model.eval()
-    for msgs in prompts:
-        ids = tok.apply_chat_template(msgs, tools=tools, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-        with torch.no_grad():
-            out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, stop_strings=["</tool_call>"], tokenizer=tok,
-                                 pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        calls = parse_tool_calls(tok.decode(out[0, ids.shape[1]:], skip_special_tokens=False))
-        n += bool(calls); names += [c["name"] for c in calls]
-    model.train(was)
-    return {"rate": n / len(prompts), "with_call": n, "prompts": len(prompts), "calls": names}
+    calls = [parse_tool_calls(next_turn(model, tok, msgs, tools, max_new_tokens)["text"]) for msgs in prompts]
+    n = sum(map(bool, calls))
+    return {"rate": n / len(prompts), "with_call": n, "prompts": len(prompts), "calls": [c["name"] for cs in calls for c in cs]}
 
 
 def do_nothing(episodes:list) -> dict:

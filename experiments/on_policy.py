@@ -125,6 +125,7 @@ def run(s:Settings, out:Path, work:Path) -> dict:
     from composer_replication.trainer.data_collator import CollatorConfig, ComposerDataCollator, trace_examples_from_states
     set_determinism(s.seed, s.device)
     if s.threads: torch.set_num_threads(s.threads)
+    commit = _commit()   # the code this run runs: taken once, before later commits can change HEAD under a long run
     make_task_suite(work/"suite", s.n_sessions, 0, seed=0, overwrite=True)
     split = work/"suite"/"train"
     ing, rows = suite_ingester(split), {r["state_id"]: r for r in load_expected(split)}
@@ -152,7 +153,7 @@ def run(s:Settings, out:Path, work:Path) -> dict:
 
     def write(log_history, wall, after, finished):
         res = _results(s, log_history, times, episodes, pairs, trained, warm, after, wall, finished)
-        res["do_nothing"] = baseline
+        res["do_nothing"], res["commit"] = baseline, commit
         out.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_suffix(".part"); tmp.write_text(json.dumps(res, indent=1)); tmp.replace(dest)
         return res

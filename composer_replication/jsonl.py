@@ -20,8 +20,8 @@ import orjson
 _log = logging.getLogger(__name__)
 
 # %% auto #0
-__all__ = ['MAX_DEPTH', 'JsonlStats', 'loads_line', 'iter_jsonl', 'read_jsonl', 'replace_lone_surrogates', 'dumps_line',
-           'write_jsonl', 'JsonlAppender']
+__all__ = ['UTF8_BOM', 'MAX_DEPTH', 'JsonlStats', 'loads_line', 'iter_jsonl', 'read_jsonl', 'replace_lone_surrogates',
+           'dumps_line', 'write_jsonl', 'JsonlAppender']
 
 # %% ../nbs/08_jsonl.ipynb #97f9e5ff
 @dataclass
@@ -48,6 +48,7 @@ class JsonlStats:
         return s
 
 # %% ../nbs/08_jsonl.ipynb #04b241bf
+UTF8_BOM = b"\xef\xbb\xbf"   # an editor's mark at the start of a UTF-8 file: not part of the first record
 MAX_DEPTH = 256  # arrays/objects inside each other that a record may have: real records nest a dozen levels; deeper ones are bad lines (recursive code downstream could not walk them)
 
 def _too_deep(rec, limit:int) -> bool:
@@ -87,7 +88,7 @@ def iter_jsonl(path:str|Path, # a JSONL file
     st = stats if stats is not None else JsonlStats()
     with open(path, "rb") as f:
         for n, raw in enumerate(f, 1):
-            if n == 1 and raw.startswith(b"\xef\xbb\xbf"): raw = raw[3:]
+            if n == 1 and raw.startswith(UTF8_BOM): raw = raw[len(UTF8_BOM):]
             if not raw.strip(): continue
             st.lines += 1
             rec, why = loads_line(raw)

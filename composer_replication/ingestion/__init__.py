@@ -7,16 +7,17 @@ __all__ = ['NO_RESULT', 'SYSTEM_PROMPT', 'TRACE_SOURCES', 'Conversation', 'Inges
            'TraceSourceEntry', 'TraceState', 'action_to_message', 'as_blocks', 'canonical_arguments', 'check_tools',
            'detect_trace_format', 'estimate_tokens', 'is_tool_name', 'make_ingester', 'normalize_blocks',
            'parse_student_action', 'record_format', 'redact_json', 'redact_secrets', 'render_action', 'token_counter',
-           'tool_schemas_from_names', 'ClaudeCodeIngester', 'ingest_command', 'CodexIngester', 'is_injected_context',
-           'parse_tool_output']
+           'tool_schemas_from_names', 'folder_stems', 'trace_path', 'ClaudeCodeIngester', 'ingest_command',
+           'CodexIngester', 'is_injected_context', 'parse_tool_output']
 
 # %% ../../nbs/08a_ingestion.ipynb #ef99f548
 from .core import TraceState, action_to_message, as_blocks, canonical_arguments, check_tools, is_tool_name, normalize_blocks, parse_student_action, render_action, tool_schemas_from_names
 from .redact import redact_json, redact_secrets
-from .sources import NO_RESULT, SYSTEM_PROMPT, TRACE_SOURCES, Conversation, IngestionStats, TraceSource, TraceSourceBase, TraceSourceEntry, detect_trace_format, estimate_tokens, make_ingester, record_format, ingest_command, token_counter
+from .sources import NO_RESULT, SYSTEM_PROMPT, TRACE_SOURCES, Conversation, IngestionStats, TraceSource, TraceSourceBase, TraceSourceEntry, detect_trace_format, estimate_tokens, folder_stems, make_ingester, record_format, ingest_command, token_counter, trace_path
 from .claude_code import ClaudeCodeIngester
 from .codex import CodexIngester, is_injected_context, parse_tool_output
 _all_ = ["NO_RESULT", "SYSTEM_PROMPT", "TRACE_SOURCES", "Conversation", "IngestionStats", "TraceSource", "TraceSourceBase", "TraceSourceEntry", "TraceState", "action_to_message",
          "as_blocks", "canonical_arguments", "check_tools", "detect_trace_format", "estimate_tokens", "is_tool_name", "make_ingester", "normalize_blocks",
          "parse_student_action", "record_format", "redact_json", "redact_secrets", "render_action", "token_counter", "tool_schemas_from_names",
+         "folder_stems", "trace_path",
          "ClaudeCodeIngester", "ingest_command", "CodexIngester", "is_injected_context", "parse_tool_output"]

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Iterator
 import orjson
 from fastcore.basics import patch
-from ..jsonl import JsonlAppender, loads_line
+from ..jsonl import UTF8_BOM, JsonlAppender, loads_line
 from .core import canonical_arguments, TraceState, action_to_message, is_tool_name, normalize_blocks, parse_student_action, render_action, tool_schemas_from_names
 from .redact import redact_json, redact_secrets
-from .sources import Conversation, ingest_command, SYSTEM_PROMPT, IngestionStats, detect_trace_format, estimate_tokens, make_ingester, record_format, TraceSourceBase
+from .sources import Conversation, ingest_command, SYSTEM_PROMPT, IngestionStats, detect_trace_format, estimate_tokens, folder_stems, make_ingester, record_format, trace_path, TraceSourceBase
 _all_ = ["ingest_command", "SYSTEM_PROMPT", "IngestionStats", "TraceState", "action_to_message", "detect_trace_format", "estimate_tokens",
          "normalize_blocks", "parse_student_action", "redact_secrets", "render_action"]  # the API reference names these here: re-exported by plain import
 
@@ -154,9 +154,6 @@ def _valid_block(b):
     if t == "thinking": return isinstance(b.get("thinking"), str)
     return isinstance(b.get("name"), str) and isinstance(b.get("input", {}), dict)
 
-# %% ../../nbs/10_ingestion.claude_code.ipynb #54675955
-_BOM = b"\xef\xbb\xbf"
-
 # %% ../../nbs/10_ingestion.claude_code.ipynb #cb48d9eb
 class ClaudeCodeIngester(TraceSourceBase):
     "Convert Claude Code session JSONL to a stream of TraceStates, one per assistant turn."
@@ -176,10 +173,7 @@ class ClaudeCodeIngester(TraceSourceBase):
     def ingest(self, path:Path, # a session `.jsonl` file or a folder (project or session) to walk
               ) -> Iterator[TraceState]:
         "Yield one TraceState per real assistant turn of the session(s) at `path`, in file order."
-        p = Path(path)
-        if not p.exists(): raise FileNotFoundError(f"path does not exist: {str(path)!r}")
-        if p.is_file() and p.suffix.lower() != ".jsonl": raise ValueError(f"path must be a .jsonl session file or a folder, got {p.name!r}")
-        if p.is_dir() and next(p.rglob("*.jsonl"), None) is None: raise ValueError(f"no .jsonl files under folder {str(path)!r}")
+        p = trace_path(path, "session")
         self.last_stats, self.last_summaries = IngestionStats(), {}
         self._prompts, self._scanned = {}, set()  # {(sessionId, agentId) and (None, agentId): Task prompt}; parents read for prompts
         return self._stream(p, self.last_stats)
@@ -194,7 +188,7 @@ def _stream(self:ClaudeCodeIngester, p, st):
             for f in _subagent_files(p, sessions): yield from self._file(f, st, set())  # counted only when skipped
         return
     files = [f for f in sorted(p.rglob("*.jsonl"), key=lambda f: (f.name.startswith("agent-"), f)) if f.is_file()]  # sessions before subagents
-    stems = _folder_stems(p, files)
+    stems = folder_stems(p, files)
     for f in files: yield from self._file(f, st, set(), stems[f])
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #edf60fd5
@@ -227,7 +221,7 @@ def _file(self:ClaudeCodeIngester, fp, st, sessions, stem=None):
     with open(fp, "rb") as f:
         first = f.readline()
         while first and first.isspace(): first = f.readline()
-        if first.startswith(_BOM): first = first[len(_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
+        if first.startswith(UTF8_BOM): first = first[len(UTF8_BOM):]  # a UTF-8 BOM (an editor's save) is not part of the JSON
         fmt = record_format(loads_line(first)[0]) if first else None
         if fmt == "codex": st.skipped_codex_files += 1; return  # a Codex CLI rollout: not read (see `detect_trace_format`)
         tools = self.tools if self.tools is not None else tool_schemas_from_names(_tool_names(fp, self.skip_sidechain))
@@ -245,16 +239,10 @@ def _records(self:ClaudeCodeIngester, fp, st, sessions, lines, stem, tools):
     side, roots, uuids, summaries, seen_versions = {}, {}, set(), [], set()
     calls, prompts = {}, self._prompts
     last_side = None
-    def skip(kind=None, reason=None):
-        st.n_records_skipped += 1
-        if reason: setattr(st, reason, getattr(st, reason) + 1)
-        else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
+    skip = st.skip
     for raw in lines:
         if raw.isspace(): continue  # blank line (isspace stops at the first other byte: no copy)
-        st.n_records_total += 1
-        rec, why = loads_line(raw)
-        if why is not None: skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
-        if not isinstance(rec, dict): skip("<not an object>"); continue
+        if (rec := st.record(raw)) is None: continue
         typ, uid = rec.get("type"), rec.get("uuid")
         if isinstance(uid, str): uuids.add(uid)
         v = rec.get("version")
@@ -338,19 +326,9 @@ def _finish_file(self:ClaudeCodeIngester, fp, st, traces, summaries, uuids):
 # %% ../../nbs/10_ingestion.claude_code.ipynb #b5ac4f9b
 @patch
 def _check_version(self:ClaudeCodeIngester, v, fp, st):
-    t = _version_tuple(v) if isinstance(v, str) else None
-    if t is None: msg = f"{fp.name}: unreadable Claude Code version {v!r}"
-    elif _MIN_VERSION <= t <= _MAX_VERSION: return
-    else: msg = f"{fp.name}: Claude Code version {v} is outside the versions checked (1.0.98-2.1.39); the format may differ"
-    if msg not in st.version_warnings: st.version_warnings.append(msg)
+    st.warn_version(fp.name, "Claude Code", v, _version_tuple(v) if isinstance(v, str) else None, (_MIN_VERSION, _MAX_VERSION), "1.0.98-2.1.39")
 
 # %% ../../nbs/10_ingestion.claude_code.ipynb #aef6dbb4
-def _folder_stems(root, files):
-    "The state-id stem of each file of a folder: its name without `.jsonl`, or its path under `root` when two files share that name."
-    n = {}
-    for f in files: n[f.stem] = n.get(f.stem, 0) + 1
-    return {f: f.stem if n[f.stem] == 1 else f.relative_to(root).with_suffix("").as_posix() for f in files}
-
 def _tool_names(fp, skip_sidechain):
     "Names of the tools the assistant called in one file: a pre-pass over the lines that hold a tool_use block."
     names = set()

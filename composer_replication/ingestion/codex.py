@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Iterator
 import orjson
 from fastcore.basics import patch
-from ..jsonl import loads_line
+from ..jsonl import UTF8_BOM, loads_line
 from .core import canonical_arguments, TraceState, check_tools, is_tool_name, normalize_blocks, render_action, tool_schemas_from_names
 from .redact import redact_json, redact_secrets
-from .sources import NO_RESULT, Conversation, SYSTEM_PROMPT, IngestionStats, TraceSourceBase
+from .sources import NO_RESULT, Conversation, SYSTEM_PROMPT, IngestionStats, TraceSourceBase, folder_stems, trace_path
 
 # %% auto #0
 __all__ = ['parse_tool_output', 'is_injected_context', 'CodexIngester']
@@ -77,7 +77,6 @@ _ITEM_TYPES = frozenset({"message", "reasoning", "function_call", "function_call
 _COPIES = frozenset({"agent_message", "agent_reasoning", "agent_reasoning_raw_content"})  # user_message: see `_Rollout.prompt`
 _TURN_END = frozenset({"task_complete", "turn_aborted"})
 _MIN_VERSION, _MAX_VERSION = (0, 40, 0), (0, 128, 10**6)
-_BOM = b"\xef\xbb\xbf"
 _NAME = re.compile(r"\S+")  # tool names are identifiers: no whitespace (a newline would break the rendered action)
 
 def _version_tuple(v):
@@ -207,10 +206,7 @@ class CodexIngester(TraceSourceBase):
     def ingest(self, path:Path, # a rollout `.jsonl` file, or a folder walked for `rollout-*.jsonl`
               ) -> Iterator[TraceState]:
         "Yield one TraceState per model response of the rollout(s) at `path`, in file order."
-        p = Path(path)
-        if not p.exists(): raise FileNotFoundError(f"path does not exist: {str(path)!r}")
-        if p.is_file() and p.suffix.lower() != ".jsonl": raise ValueError(f"path must be a .jsonl rollout file or a folder, got {p.name!r}")
-        if p.is_dir() and next(p.rglob("rollout-*.jsonl"), None) is None: raise ValueError(f"no rollout-*.jsonl files under folder {str(path)!r}")
+        p = trace_path(path, "rollout", "rollout-*.jsonl")
         self.last_stats = IngestionStats()
         return self._stream(p, self.last_stats)
 
@@ -219,9 +215,8 @@ class CodexIngester(TraceSourceBase):
 def _stream(self:CodexIngester, p, st):
     if p.is_file(): yield from self._file(p, st, p.stem); return
     files = sorted(f for f in p.rglob("rollout-*.jsonl") if f.is_file())
-    n = {}
-    for f in files: n[f.stem] = n.get(f.stem, 0) + 1
-    for f in files: yield from self._file(f, st, f.stem if n[f.stem] == 1 else f.relative_to(p).with_suffix("").as_posix())
+    stems = folder_stems(p, files)
+    for f in files: yield from self._file(f, st, stems[f])
 
 # %% ../../nbs/11_ingestion.codex.ipynb #4d19c1f0
 @patch
@@ -229,20 +224,12 @@ def _file(self:CodexIngester, fp, st, stem):
     "Stream the states of one rollout file."
     st.n_files += 1
     tr = _Rollout(self, st, stem, self.tools if self.tools is not None else _rollout_tools(fp))
-    def skip(kind=None, reason=None):
-        st.n_records_skipped += 1
-        if reason: setattr(st, reason, getattr(st, reason) + 1)
-        else: st.skipped_record_types[kind] = st.skipped_record_types.get(kind, 0) + 1
-    first = True
+    skip, first = st.skip, True
     with open(fp, "rb") as f:
         for raw in f:
             if raw.isspace(): continue
-            if first and raw.startswith(_BOM): raw = raw[len(_BOM):]
-            st.n_records_total += 1
-            rec, why = loads_line(raw)
-            if why is not None:
-                skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); continue
-            if not isinstance(rec, dict): skip("<not an object>"); continue
+            if first and raw.startswith(UTF8_BOM): raw = raw[len(UTF8_BOM):]
+            if (rec := st.record(raw)) is None: continue
             was_first, first = first, False
             out = self._record(tr, rec, was_first, fp, st, skip)
             if out is not None: st.n_states_emitted += 1; yield out
@@ -351,12 +338,7 @@ def _call(self:CodexIngester, tr, p, t):
 # %% ../../nbs/11_ingestion.codex.ipynb #d61c76c7
 @patch
 def _check_version(self:CodexIngester, v, fp, st):
-    if v is None: return
-    t = _version_tuple(v)
-    if t is None: msg = f"{fp.name}: unreadable Codex CLI version {v!r}"
-    elif _MIN_VERSION <= t <= _MAX_VERSION: return
-    else: msg = f"{fp.name}: Codex CLI version {v} is outside the versions checked (0.40.0-0.128.x); the format may differ"
-    if msg not in st.version_warnings: st.version_warnings.append(msg)
+    if v is not None: st.warn_version(fp.name, "Codex CLI", v, _version_tuple(v), (_MIN_VERSION, _MAX_VERSION), "0.40.0-0.128.x")
 
 # %% ../../nbs/11_ingestion.codex.ipynb #a1a8f157
 _CALL_ITEMS = (b'"function_call"', b'"custom_tool_call"', b'"local_shell_call"', b'"web_search_call"', b'"dynamic_tools"')

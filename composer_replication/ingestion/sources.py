@@ -4,15 +4,15 @@
 
 # %% auto #0
 __all__ = ['SYSTEM_PROMPT', 'NO_RESULT', 'TRACE_SOURCES', 'IngestionStats', 'estimate_tokens', 'token_counter', 'TraceSource',
-           'TraceSourceBase', 'Conversation', 'TraceSourceEntry', 'record_format', 'detect_trace_format',
-           'make_ingester', 'ingest_command']
+           'TraceSourceBase', 'trace_path', 'folder_stems', 'Conversation', 'TraceSourceEntry', 'record_format',
+           'detect_trace_format', 'make_ingester', 'ingest_command']
 
 # %% ../../nbs/09b_ingestion.sources.ipynb #s90b04a6be78
 import bisect, importlib, os, sys, tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Protocol, runtime_checkable
-from ..jsonl import JsonlAppender, loads_line
+from ..jsonl import UTF8_BOM, JsonlAppender, loads_line
 from .core import TraceState, canonical_arguments, check_tools, normalize_blocks, render_action
 from .redact import redact_secrets
 
@@ -61,6 +61,27 @@ class IngestionStats:
 
     def __post_init__(self):
         if self.version_warnings is None: self.version_warnings = []
+
+    def skip(self, kind:str|None=None, reason:str|None=None):
+        "Count one line not used: under its record `kind` in skipped_record_types, or in the counter named `reason`."
+        self.n_records_skipped += 1
+        if reason: setattr(self, reason, getattr(self, reason) + 1)
+        else: self.skipped_record_types[kind] = self.skipped_record_types.get(kind, 0) + 1
+
+    def record(self, raw:bytes) -> dict|None:
+        "One non-blank line read: its JSON object, or None when it is a bad or torn line or not an object (counted as skipped)."
+        self.n_records_total += 1
+        rec, why = loads_line(raw)
+        if why is not None: self.skip(reason="skipped_truncated_lines" if not raw.endswith(b"\n") else "n_bad_json_lines"); return None
+        if not isinstance(rec, dict): self.skip("<not an object>"); return None
+        return rec
+
+    def warn_version(self, where:str, product:str, version, parsed:tuple|None, checked:tuple[tuple, tuple], shown:str):
+        "Note once that `where` was written by a `product` version that is unreadable (`parsed` None) or outside `checked` (shown as `shown`)."
+        if parsed is None: msg = f"{where}: unreadable {product} version {version!r}"
+        elif checked[0] <= parsed <= checked[1]: return
+        else: msg = f"{where}: {product} version {version} is outside the versions checked ({shown}); the format may differ"
+        if msg not in self.version_warnings: self.version_warnings.append(msg)
 
 # %% ../../nbs/09b_ingestion.sources.ipynb #afc5a33d
 def estimate_tokens(message:dict, # an OpenAI-style chat message
@@ -128,6 +149,27 @@ class TraceSourceBase:
     def _redact(self, s:str) -> str:
         "`s` with its secrets replaced (counted in `last_stats.redactions`), or `s` itself when redaction is off."
         return redact_secrets(s, self.last_stats.redactions) if self.redact_secrets else s
+
+# %% ../../nbs/09b_ingestion.sources.ipynb #3483b34a
+def trace_path(path, # what `ingest` was given
+               kind:str, # what one file is called in the messages: "session", "rollout"
+               pattern:str="*.jsonl", # the files a folder must hold
+              ) -> Path:
+    "`path` checked: an existing `.jsonl` file, or a folder with a file matching `pattern` somewhere under it."
+    p = Path(path)
+    if not p.exists(): raise FileNotFoundError(f"path does not exist: {str(path)!r}")
+    if p.is_file() and p.suffix.lower() != ".jsonl": raise ValueError(f"path must be a .jsonl {kind} file or a folder, got {p.name!r}")
+    if p.is_dir() and next(p.rglob(pattern), None) is None: raise ValueError(f"no {pattern.removeprefix('*')} files under folder {str(path)!r}")
+    return p
+
+def folder_stems(root:Path, # the folder walked
+                 files:list[Path], # the files read under it
+                ) -> dict[Path, str]: # file -> the stem of its state ids
+    "The state-id stem of each file of a folder: its name without `.jsonl`, or its path under `root` when two files share that name."
+    n = {}
+    for f in files: n[f.stem] = n.get(f.stem, 0) + 1
+    return {f: f.stem if n[f.stem] == 1 else f.relative_to(root).with_suffix("").as_posix() for f in files}
+
 
 # %% ../../nbs/09b_ingestion.sources.ipynb #8b378b9f
 NO_RESULT = "[no tool result recorded]"   # the content of the error put in place of a tool result the log does not have
@@ -218,7 +260,6 @@ class TraceSourceEntry(NamedTuple):
     name: str # the adapter class in it
     recognizes: Callable[[dict], bool] # one parsed JSONL record -> whether this source wrote it
 
-_BOM = b"\xef\xbb\xbf"
 _CC_TYPES = frozenset({"user", "assistant", "system", "summary", "progress", "file-history-snapshot", "queue-operation"})
 _CC_KEYS = ("uuid", "sessionId", "message", "leafUuid", "messageId", "snapshot")
 _CODEX_TAGS = frozenset({"session_meta", "response_item", "event_msg", "turn_context", "compacted"})
@@ -259,7 +300,7 @@ def detect_trace_format(path:Path, # a trace file, or a folder (its first *.json
             n = 0
             for raw in f:
                 if raw.isspace(): continue
-                if n == 0 and raw.startswith(_BOM): raw = raw[len(_BOM):]
+                if n == 0 and raw.startswith(UTF8_BOM): raw = raw[len(UTF8_BOM):]
                 n += 1
                 fmt = record_format(loads_line(raw)[0])
                 if fmt is not None: return fmt

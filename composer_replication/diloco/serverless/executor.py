@@ -174,11 +174,12 @@ class LocalProcessExecutor:
         self._ctx = mp.get_context("spawn")
         self._runs: dict[str, _Run] = {}
         self._lock = threading.RLock()  # the timeout timers and the caller's thread both finalize runs
-        self._own_log_dir = log_dir is None
         self.log_dir = Path(tempfile.mkdtemp(prefix="composer-replicas-")) if log_dir is None else Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # a temporary log dir goes with the executor: when it is collected, at exit, or at `_shutdown`, whichever comes first
+        self._remove_log_dir = weakref.finalize(self, shutil.rmtree, self.log_dir, ignore_errors=True) if log_dir is None else None
         ref = weakref.ref(self)
-        atexit.register(lambda: (ex := ref()) is not None and ex._shutdown())  # never leave replicas (or a temporary log dir) behind
+        atexit.register(lambda: (ex := ref()) is not None and ex._shutdown())  # never leave replicas behind
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #2cc3603a
 def _launch_kwargs(n_replicas, entrypoint_args, timeout) -> tuple[dict, str]:
@@ -331,7 +332,7 @@ def _shutdown(self:LocalProcessExecutor):
         try:
             if not self._refresh(run).done: run.cancelled = True; self._kill(run)
         except Exception: pass
-    if self._own_log_dir: shutil.rmtree(self.log_dir, ignore_errors=True)
+    if self._remove_log_dir is not None: self._remove_log_dir()
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #c107a6a2
 def _echo_job(**kw):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..hint_generator import match_tool_results
@@ -271,34 +272,46 @@ def _span(a:int, n_steps:int, cost:Callable[[int], int], budget:int, reserve:int
     return b, ctx
 
 # %% ../../nbs/19b_trainer.windows.ipynb #6e173e01
-def _fit_window(a:int, b:int, ctx:int, *, msgs, turns, head, steps, is_target, sols, n_tok, plain, cost, L, reserve, cut_turns, tokenizer, tools, stats):
+@dataclass
+class _Trace:
+    "A trace as `trace_windows` cuts it: its messages and turns, the head (system prompt and task) and agent steps as message indices, the solutions hints may state, each message's estimated tokens, and the counts a window must fit."
+    msgs:list[dict]; turns:list[dict]; head:list[int]; steps:list[list[int]]; sols:dict; est:list[int]
+    n_tok:Callable[[list[dict]], int]; plain:Callable[[list[dict]], int]; tokenizer:Any; tools:list|None
+
+    def is_target(self, j:int) -> bool:
+        m = self.msgs[j]
+        return m["role"] == "assistant" and m.get("train", True) and not is_empty_assistant(m)
+
+    def cost(self, s:int) -> int: return sum(self.est[j] for j in self.steps[s])
+
+    def window(self, first:int, a:int, b:int) -> tuple[list[int], list[dict]]:
+        "(message indices, turns) of the head then steps [first, b), training the targets of steps [a, b); results after the last target only when one failed."
+        keep, start = self.head + [j for k in range(first, b) for j in self.steps[k]], self.steps[a][0]
+        last = max(j for j in keep if j >= start and self.is_target(j))
+        if not any(self.msgs[j].get("is_error") for j in keep if j > last): keep = [j for j in keep if j <= last]   # results nobody here reacts to
+        return keep, [_window_turn(self.msgs[j], self.turns[j], j >= start and self.is_target(j), self.sols.get(j, ...)) for j in keep]
+
+def _fit_window(t:_Trace, a:int, b:int, ctx:int, *, L:int, reserve:int, cut_turns:bool, stats:Counter):
     "(turns, parts, b) of the window of target steps [a, b) and context steps [ctx, a), made to fit `L`; turns None when its target step cannot be trained."
-    dropped_answer, parts = False, None
     while True:
-        keep = head + [j for k in range(ctx, b) for j in steps[k]]
-        if dropped_answer: keep = head + [j for k in range(a, b) for j in steps[k]]
-        last_target = max(j for j in keep if is_target(j) and j >= steps[a][0])
-        if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]   # results nobody here reacts to
-        win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
-        if n_tok(win) <= L: break
+        keep, win = t.window(ctx, a, b)
+        if t.n_tok(win) <= L: return win, None, b
         if ctx < a - 1: ctx += 1; continue          # drop the oldest context step
         if b > a + 1: b -= 1; continue              # hand the last target step to the next window
-        protected = {k for k, j in enumerate(keep) if msgs[j]["role"] == "assistant" and j >= steps[a][0]}
-        cut = _cut_inside(win, n_tok, L, protected | set(range(len(head))))   # the last resort: cut inside the longest message of the steps,
-        if cut is None and not cut_turns: cut = _cut_inside(win, n_tok, L, protected)   # (without parts: of the system prompt or the task too)
-        if cut is not None: stats["windows_cut_inside_message"] += 1; win = cut; break
-        if ctx < a and not dropped_answer: dropped_answer = True; continue   # even the step it answers must go
-        if n_tok is not plain and plain(win) <= L:   # fits without the teacher's hints: trained here, its distillation cut (counted by the collator)
-            stats["windows_without_hint_room"] += 1; break
-        if cut_turns and a > 0 and cost(a - 1) <= reserve:   # the step it answers goes with it, when short
-            keep = head + [j for k in range(a - 1, b) for j in steps[k]]
-            if not any(msgs[j].get("is_error") for j in keep if j > last_target): keep = [j for j in keep if j <= last_target]
-            win = [_window_turn(msgs[j], turns[j], j >= steps[a][0] and is_target(j), sols.get(j, ...)) for j in keep]
-        parts = _parts_of(win, tokenizer, tools, L, reserve) if cut_turns else []
-        if parts: stats["turns_cut"] += sum(is_target(j) for j in steps[a])
-        else: stats["turns_too_long"] += sum(is_target(j) for j in steps[a]); win = None
-        break
-    return win, parts, b
+        protected = {k for k, j in enumerate(keep) if t.msgs[j]["role"] == "assistant" and j >= t.steps[a][0]}
+        cut = _cut_inside(win, t.n_tok, L, protected | set(range(len(t.head))))   # the last resort: cut inside the longest message of the steps,
+        if cut is None and not cut_turns: cut = _cut_inside(win, t.n_tok, L, protected)   # (without parts: of the system prompt or the task too)
+        if cut is not None: stats["windows_cut_inside_message"] += 1; return cut, None, b
+        if ctx == a: break
+        ctx = a                                      # even the step it answers must go
+    if t.n_tok is not t.plain and t.plain(win) <= L:   # fits without the teacher's hints: trained here, its distillation cut (counted by the collator)
+        stats["windows_without_hint_room"] += 1; return win, None, b
+    if cut_turns and a > 0 and t.cost(a - 1) <= reserve: _, win = t.window(a - 1, a, b)   # the step it answers goes with it, when short
+    parts = _parts_of(win, t.tokenizer, t.tools, L, reserve) if cut_turns else []
+    n = sum(t.is_target(j) for j in t.steps[a])
+    if parts: stats["turns_cut"] += n; return win, parts, b
+    stats["turns_too_long"] += n; return None, [], b
+
 
 # %% ../../nbs/19b_trainer.windows.ipynb #63c530d9
 def _pair_at(p) -> int:
@@ -355,9 +368,6 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
     head = list(range(head_n)) + ([task] if task is not None else [])
     bounds = starts + [len(msgs)]
     steps = [list(range(a, b)) for a, b in zip(bounds, bounds[1:]) if b > a]
-    is_target = lambda j: msgs[j]["role"] == "assistant" and msgs[j].get("train", True) and not is_empty_assistant(msgs[j])
-    tgt_steps = [any(is_target(j) for j in s) for s in steps]
-    cost = lambda s: sum(est[j] for j in steps[s])
     budget = L - sum(est[j] for j in head) - tools_cost - 8
     if budget < L // 8 and head:   # the system prompt and the task fill the context (a compaction summary, a pasted file): cut inside them
         if (cut := _cut_head(turns, head, where, tokenizer, tools, L, stats)) is not None:
@@ -365,15 +375,16 @@ def trace_windows(example:dict, # a TraceExample: turns, optional tools, dpo_pai
             budget = L - sum(est[j] for j in head) - tools_cost - 8
     if budget < L // 8:   # the tools alone fill the context: one row, cut as an unwindowed one is
         stats["windows"] += 1; stats["windows_head_too_long"] += 1; return [example]
+    t = _Trace(msgs, turns, head, steps, sols, est, n_tok, plain, tokenizer, tools)
+    tgt_steps = [any(t.is_target(j) for j in s) for s in steps]
     reserve = budget // 4 if context_tokens is None else min(context_tokens, budget)
     pairs = list(example.get("dpo_pairs") or []) if isinstance(example.get("dpo_pairs"), (list, tuple)) else []
     out, s = [], 0
     while True:
         a = next((k for k in range(s, len(steps)) if tgt_steps[k]), None)
         if a is None: break
-        b, ctx = _span(a, len(steps), cost, budget, reserve)
-        win, parts, b = _fit_window(a, b, ctx, msgs=msgs, turns=turns, head=head, steps=steps, is_target=is_target, sols=sols, n_tok=n_tok,
-                                    plain=plain, cost=cost, L=L, reserve=reserve, cut_turns=cut_turns, tokenizer=tokenizer, tools=tools, stats=stats)
+        b, ctx = _span(a, len(steps), t.cost, budget, reserve)
+        win, parts, b = _fit_window(t, a, b, ctx, L=L, reserve=reserve, cut_turns=cut_turns, stats=stats)
         if win is not None:
             lo, hi = steps[a][0], steps[b - 1][-1]
             out += _window_examples(example, len(out), win, parts, lo, hi, pairs)

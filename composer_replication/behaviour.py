@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['error_sites', 'short_action', 'pair_margins', 'next_actions', 'behaviour_snapshot', 'behaviour_report',
+__all__ = ['error_states', 'short_action', 'pair_margins', 'next_actions', 'behaviour_snapshot', 'behaviour_report',
            'format_behaviour', 'plot_behaviour']
 
 # %% ../nbs/28_behaviour.ipynb #b559a975
-def error_sites(states:list[dict], # TraceStates
+def error_states(states:list[dict], # TraceStates
                ) -> list[int]: # indices of the states whose latest tool result is an error
     "The states where the student's previous tool call failed: a tool result marked `is_error` closes their history."
     out = []
@@ -96,7 +96,7 @@ def behaviour_snapshot(model, # the causal LM
                       ) -> dict: # {"margins": [...], "actions": [...], "seconds": s}
     "What the model does now: the DPO margin at every pair state and the greedy next action at every error site."
     t0 = time.perf_counter()
-    sites = error_sites(states)
+    sites = error_states(states)
     chosen = {i: p["chosen"] for i, s in enumerate(states) for p in pairs if p["state_id"] == s["state_id"]}
     refs = {i: chosen.get(i, states[i]["student_action"]) for i in sites}   # the teachers' consensus, else what the trace did
     margins = pair_margins(model, collator, states, pairs, chunk_size=chunk_size)
@@ -111,7 +111,7 @@ def behaviour_report(states:list[dict], # the trace
                     ) -> dict: # what behaviour.json holds
     "Before and after side by side: per pair the margins and their change, per error site both greedy actions."
     idx = {s["state_id"]: i for i, s in enumerate(states)}
-    sites = error_sites(states)
+    sites = error_states(states)
     chosen = {idx[p["state_id"]]: p["chosen"] for p in pairs}
     rows = []
     for p, mb, ma in zip(pairs, before["margins"], after["margins"]):

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .sample import SAMPLE_FIXES, SAMPLE_SESSION, SCRIPTED_TEACHERS, scripted_actions, scripted_policies
-from .behaviour import behaviour_report, behaviour_snapshot, error_sites, format_behaviour, plot_behaviour, short_action
+from .behaviour import behaviour_report, behaviour_snapshot, error_states, format_behaviour, plot_behaviour, short_action
 from .demo_config import (AGREEMENT_THRESHOLD, DEFAULT_STUDENT, DEMO_SIZES, DEMO_STUDENTS, DEMO_WEIGHTS, FLAGS, LORA_LR, DemoConfig,
                                               DemoInputError, demo_sizes, flag_error, parse_teachers, why_not_creatable)
 

@@ -28,7 +28,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['STATUSES', 'FINAL_STATUSES', 'ReplicaHandle', 'ServerlessExecutor', 'resolve_entrypoint', 'entrypoint_path',
-           'wait_for_replicas', 'LocalProcessExecutor']
+           'wait_for_replicas', 'LocalProcessExecutor', 'check_launch_args']
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #d76524b2
 STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")  # what `poll` returns
@@ -182,13 +182,18 @@ class LocalProcessExecutor:
         atexit.register(lambda: (ex := ref()) is not None and ex._shutdown())  # never leave replicas behind
 
 # %% ../../../nbs/32_diloco.serverless.executor.ipynb #2cc3603a
-def _launch_kwargs(n_replicas, entrypoint_args, timeout) -> tuple[dict, str]:
-    "The entry point's keyword arguments without `rank_env`, and the rank variable's name; a ValueError/TypeError for a bad argument."
+def check_launch_args(n_replicas, # how many replicas: an int >= 1
+                      entrypoint_args, # the entry point's keyword arguments: a mapping (its `rank_env` is taken out)
+                      timeout, # seconds a replica may run: a number > 0, or None where `no_limit`
+                      *,
+                      no_limit:bool=True, # whether `timeout=None` (no limit) is allowed
+                     ) -> tuple[dict, str]: # (the entry point's keyword arguments without `rank_env`, the rank variable's name)
+    "What every backend's `launch_replicas` checks before it starts anything; a ValueError/TypeError names the bad argument."
     if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
         raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
     if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-        raise ValueError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+    if not (timeout is None and no_limit) and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise ValueError(f"timeout must be a number of seconds > 0{' or None' if no_limit else ''}, got {timeout!r}")
     kwargs = dict(entrypoint_args)
     rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
     if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
@@ -216,7 +221,7 @@ def launch_replicas(self:LocalProcessExecutor,
                     timeout:float|None=3600, # seconds a replica may run before it is killed and reported failed (None: no limit)
                    ) -> list[ReplicaHandle]:
     "Start `n_replicas` processes running `entrypoint(**entrypoint_args)` with their rank in `$REPLICA_RANK`; return handles in rank order."
-    kwargs, rank_env = _launch_kwargs(n_replicas, entrypoint_args, timeout)
+    kwargs, rank_env = check_launch_args(n_replicas, entrypoint_args, timeout)
     if gpu is not None:
         warnings.warn(f"LocalProcessExecutor ignores gpu={gpu!r}: local replicas share whatever GPUs are visible", stacklevel=2)
     _check_spawnable(entrypoint, kwargs)

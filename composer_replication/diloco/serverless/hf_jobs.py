@@ -13,7 +13,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from .executor import FINAL_STATUSES, ReplicaHandle, entrypoint_path, resolve_entrypoint, wait_for_replicas
+from .executor import FINAL_STATUSES, ReplicaHandle, check_launch_args, entrypoint_path, resolve_entrypoint, wait_for_replicas
 
 from fastcore.basics import patch
 
@@ -144,13 +144,7 @@ def launch_replicas(self:HFJobsExecutor,
                     timeout:int=3600, # seconds each job may run (the Hub stops it after that)
                    ) -> list[ReplicaHandle]:
     "Start one HF Job per rank running `entrypoint(**entrypoint_args)`; return handles in rank order (jobs already started are cancelled if one fails to start)."
-    if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
-        raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
-    if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0: raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    kwargs = dict(entrypoint_args)
-    rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
-    if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
+    kwargs, rank_env = check_launch_args(n_replicas, entrypoint_args, timeout, no_limit=False)   # a job always has a timeout
     flavor = gpu_flavor(gpu)
     command = replica_command(entrypoint_path(entrypoint, "a remote job"), kwargs, python=self.python, install=self.install)
     uri = str(kwargs.get("rendezvous_uri", ""))

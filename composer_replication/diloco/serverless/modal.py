@@ -11,7 +11,7 @@ import time
 import uuid
 from typing import Any, Callable, Mapping
 
-from .executor import FINAL_STATUSES, ReplicaHandle, entrypoint_path, resolve_entrypoint, wait_for_replicas
+from .executor import FINAL_STATUSES, ReplicaHandle, check_launch_args, entrypoint_path, resolve_entrypoint, wait_for_replicas
 
 from fastcore.basics import patch
 
@@ -93,16 +93,10 @@ class ModalExecutor:
 
 # %% ../../../nbs/36_diloco.serverless.modal.ipynb #30af0768
 def _modal_launch_kwargs(n_replicas, entrypoint_args, timeout, gpu) -> tuple[dict, str]:
-    "The entry point's keyword arguments without `rank_env`, and the rank variable's name; a ValueError/TypeError for a bad argument."
-    if isinstance(n_replicas, bool) or not isinstance(n_replicas, int) or n_replicas < 1:
-        raise ValueError(f"n_replicas must be an int >= 1, got {n_replicas!r}")
-    if not isinstance(entrypoint_args, Mapping): raise TypeError(f"entrypoint_args must be a mapping, got {type(entrypoint_args).__name__}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0: raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
+    "`check_launch_args` with a timeout required (Modal's functions have one), and the GPU spec checked."
     if gpu is not None and (not isinstance(gpu, str) or not gpu.strip()): raise TypeError(f"gpu must be None or a Modal GPU string such as 'A100', got {gpu!r}")
-    kwargs = dict(entrypoint_args)
-    rank_env = kwargs.pop("rank_env", "REPLICA_RANK")
-    if not isinstance(rank_env, str) or not rank_env: raise ValueError(f"rank_env must be a non-empty string, got {rank_env!r}")
-    return kwargs, rank_env
+    return check_launch_args(n_replicas, entrypoint_args, timeout, no_limit=False)
+
 
 # %% ../../../nbs/36_diloco.serverless.modal.ipynb #ac3f8f15
 @patch

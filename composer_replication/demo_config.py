@@ -184,8 +184,8 @@ def _check_inputs(self:DemoConfig):
     if why: raise flag_error("out", why)
     if self.name is not None:
         if not isinstance(self.name, str): raise flag_error("name", f"must be a str, got {type(self.name).__name__}", TypeError)
-        if self.name in ("", ".", "..") or any(c in self.name for c in "/\\\x00"):
-            raise flag_error("name", f"must be a plain folder name (no '/', not '.' or '..'), got {self.name!r}")
+        if not self.name.strip() or self.name in (".", "..") or any(c in self.name for c in "/\\\x00"):
+            raise flag_error("name", f"must be a plain folder name (no '/', not blank, '.' or '..'), got {self.name!r}")
 
 # %% ../nbs/39b_demo_config.ipynb #2677ec67
 @patch

@@ -20,7 +20,8 @@ writes `_docs_build/pages/` and makes it mkdocs' docs_dir:
   mkdocs warning (an error under --strict).
 `on_page_content` points relative links at the site (mkdocs-jupyter leaves a notebook's links as written): a
 notebook's to its page, any other file of the repository's to the repository on GitHub; and it writes the stylesheet
-mkdocs-jupyter inlines in every notebook page (~0.6 MB) once, linked from each.
+mkdocs-jupyter inlines in every notebook page (~0.6 MB) once, linked from each. The nbconvert exporters mkdocs-jupyter
+makes per notebook share one Jinja bytecode cache (`_CompiledTemplates`): 81 template compilations a build instead of 1,327.
 """
 from __future__ import annotations
 
@@ -36,6 +37,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import jinja2
 import yaml
 
 BUILD = "_docs_build"  # under the project root (git-ignored): pages/ is mkdocs' docs_dir, then the nbconvert cache
@@ -134,9 +136,38 @@ def nav_from_sidebar(sidebar: Path, titles: dict[str, str]) -> list:
     return conv(side.get("contents"))
 
 
+class _CompiledTemplates(jinja2.BytecodeCache):
+    """A Jinja bytecode cache for the build: mkdocs-jupyter makes new nbconvert exporters for every notebook (the page
+    and its table of contents), each with a new Jinja environment that would compile the same templates again
+    (~8 per exporter); a template's code is kept by its name, file and async mode, and Jinja checks its source's
+    checksum before using it."""
+
+    def __init__(self): self._code = {}
+    def _key(self, bucket): return bucket.key, bucket.environment.is_async
+    def load_bytecode(self, bucket):
+        if (code := self._code.get(self._key(bucket))) is not None: bucket.bytecode_from_string(code)
+    def dump_bytecode(self, bucket): self._code[self._key(bucket)] = bucket.bytecode_to_string()
+
+
+def _share_compiled_templates():
+    "Give every nbconvert exporter's Jinja environment one `_CompiledTemplates` (once per process)."
+    from nbconvert.exporters.templateexporter import TemplateExporter
+    create = TemplateExporter._create_environment
+    if getattr(create, "shared_cache", None) is not None: return
+    cache = _CompiledTemplates()
+
+    def _create_environment(self):
+        env = create(self)
+        env.bytecode_cache = cache
+        return env
+    _create_environment.shared_cache = cache
+    TemplateExporter._create_environment = _create_environment
+
+
 def on_config(config):
     from nbdev.config import get_config
     from nbdev.doclinks import nbglob
+    _share_compiled_templates()
     root = Path(config.config_file_path).parent.resolve()
     if str(root) not in sys.path: sys.path.insert(0, str(root))  # the package's modules, for show_doc
     cfg = get_config(path=root)

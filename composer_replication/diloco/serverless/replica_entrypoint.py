@@ -280,7 +280,12 @@ def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torc
                            return_params:bool=False, # also return the final weights ({name: tensor})
                           ) -> dict[str, Any]:
     "Train three channels with `ComposerOfflineTrainer` under DiLoCo as a replica spec says; return losses, syncs, digests, bytes."
+    import shutil, tempfile
     s = check_replica_spec(spec or {})
+    own = None   # no output folder named: the run's is a temporary one that nothing returned names, removed when it ends
+    if s["recipe"] is None and not s["training_args"].get("output_dir"):
+        own = tempfile.mkdtemp(prefix="composer-replica-")
+        s = {**s, "training_args": {**s["training_args"], "output_dir": own}}
     prev = torch.get_num_threads()
     if s["num_threads"]: torch.set_num_threads(s["num_threads"])
     try:
@@ -305,7 +310,9 @@ def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torc
         if store is not None: out.update(bytes_written=store.bytes_written, bytes_read=store.bytes_read, rounds=store.round_id)
         if return_params: out["params"] = {n: p.detach().cpu().clone() for n, p in tr.model.named_parameters()}
         return out
-    finally: torch.set_num_threads(prev)
+    finally:
+        torch.set_num_threads(prev)
+        if own: shutil.rmtree(own, ignore_errors=True)
 
 # %% ../../../nbs/33_diloco.serverless.replica_entrypoint.ipynb #c8293e98
 def replica_spec_from_recipe(recipe:Any, # a `composer_replication.recipe.Recipe`, or the path of a recipe YAML (relative paths read from its folder)

@@ -236,7 +236,10 @@ class _FakeModalFunction:
     def __init__(self, body:Callable=None, *, workdir:str|None=None, options:dict|None=None, calls:list|None=None):
         import tempfile
         self.body = modal_replica_main if body is None else body
-        self.workdir = workdir or tempfile.mkdtemp(prefix="fake-modal-")
+        self.workdir, self._root = workdir or tempfile.mkdtemp(prefix="fake-modal-"), None
+        if workdir is None:   # a folder it made goes with it (the functions `with_options` makes keep it alive)
+            import shutil, weakref
+            weakref.finalize(self, shutil.rmtree, self.workdir, ignore_errors=True)
         self.options = dict(options or {}); self.calls = [] if calls is None else calls
     @classmethod
     def from_name(cls, app_name:str, name:str, *, version:int|None=None, environment_name:str|None=None, client:Any=None) -> "_FakeModalFunction":
@@ -246,7 +249,9 @@ class _FakeModalFunction:
         given = {k: v for k, v in dict(cpu=cpu, memory=memory, gpu=gpu, env=env, secrets=secrets, retries=retries, max_containers=max_containers,
                                        buffer_containers=buffer_containers, scaledown_window=scaledown_window, timeout=timeout, region=region,
                                        cloud=cloud, routing_region=routing_region).items() if v is not None}
-        return type(self)(self.body, workdir=self.workdir, options={**self.options, **given}, calls=self.calls)
+        f = type(self)(self.body, workdir=self.workdir, options={**self.options, **given}, calls=self.calls)
+        f._root = self._root or self
+        return f
     def spawn(self, *args, **kwargs) -> _FakeFunctionCall:
         import pickle, subprocess
         k = uuid.uuid4().hex[:8]

@@ -165,7 +165,7 @@ def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_
                    rank:int=0, # this replica's rank: its output folder is `<output_dir>/replica-<rank>`
                   ):
     "The `Recipe` a replica trains: `spec['recipe']`, or the one its run fields make (`model_seed` is the recipe's `seed`, `loss_config` its `loss`, `training_args` its `training`, over `TRAINING_DEFAULTS`)."
-    import dataclasses, tempfile
+    import dataclasses, tempfile, uuid
     from composer_replication.recipe import Recipe, load_recipe
     from composer_replication.recipe_checks import RecipeError
     s = check_replica_spec(spec)
@@ -175,7 +175,7 @@ def replica_recipe(spec:Mapping[str, Any], # a replica spec (see `check_replica_
         if r.mode != "offline": raise ValueError(f"spec['recipe']: replicas train offline recipes (LM-CE + SDPO + DPO), got mode {r.mode!r}")
         return dataclasses.replace(r, output_dir=os.path.join(r.output_dir, f"replica-{rank}"))
     ta = dict(s["training_args"])
-    out = ta.pop("output_dir", None) or tempfile.mkdtemp(prefix="composer-replica-")
+    out = ta.pop("output_dir", None) or os.path.join(tempfile.gettempdir(), f"composer-replica-{uuid.uuid4().hex[:8]}")   # made only if the run writes there
     if ta.get("seed", s["model_seed"]) != s["model_seed"]:
         raise ValueError(f"spec['training_args']['seed'] ({ta['seed']}) differs from spec['model_seed'] ({s['model_seed']}): a run has one seed (the recipe's)")
     ta.pop("seed", None)

@@ -282,10 +282,8 @@ def train_composer_replica(manager:Any=None, # MockManager (from `main`) or torc
     "Train three channels with `ComposerOfflineTrainer` under DiLoCo as a replica spec says; return losses, syncs, digests, bytes."
     import shutil, tempfile
     s = check_replica_spec(spec or {})
-    own = None   # no output folder named: the run's is a temporary one that nothing returned names, removed when it ends
-    if s["recipe"] is None and not s["training_args"].get("output_dir"):
-        own = tempfile.mkdtemp(prefix="composer-replica-")
-        s = {**s, "training_args": {**s["training_args"], "output_dir": own}}
+    own = tempfile.mkdtemp(prefix="composer-replica-") if s["recipe"] is None and not s["training_args"].get("output_dir") else None  # removed at the end
+    if own: s = {**s, "training_args": {**s["training_args"], "output_dir": own}}
     prev = torch.get_num_threads()
     if s["num_threads"]: torch.set_num_threads(s["num_threads"])
     try:

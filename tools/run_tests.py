@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -105,13 +106,29 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    tmp = suite_tempdir()
     np_, nf, failed = run_notebooks(args.path, args.fast, args.n_workers)
     pp, pf = (0, 0) if args.no_pytest else run_pytest(args.fast, args.n_workers)
     if failed:
         print("failed notebooks: " + ", ".join(failed))
     passed, nfail = np_ + pp, nf + pf
+    left = sorted(p.name for p in tmp.iterdir())
+    if nfail: print(f"the suite's temporary files are kept for a look: {tmp}")
+    else: shutil.rmtree(tmp, ignore_errors=True)
+    print(f"temporary folder: {len(left)} entries left by the suite's processes" + (f", e.g. {', '.join(left[:5])}" if left else ""))
     print(f"{passed} passed, {nfail} failed")
     return 1 if nfail or passed == 0 else 0
+
+
+def suite_tempdir() -> Path:
+    """A temporary folder for everything the suite's processes make (TMPDIR, inherited by every notebook worker, pytest
+    and the launchers they start): removed after a passing run, kept after a failing one. Some of what the suite starts
+    cannot clean up after itself: torchrun leaves its `torchelastic_*` folders, and the notebook workers end with
+    `os._exit`, which runs no finalizer (before this folder, a day of suite runs on one machine had left 88 `torchelastic_*`
+    and 197 `composer-replicas-*` folders in /tmp)."""
+    tmp = Path(tempfile.mkdtemp(prefix="composer-suite-"))
+    os.environ["TMPDIR"] = str(tmp); tempfile.tempdir = None   # this process too, from its next temporary file on
+    return tmp
 
 
 if __name__ == "__main__":

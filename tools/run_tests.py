@@ -127,6 +127,7 @@ def suite_tempdir() -> Path:
     `os._exit`, which runs no finalizer (before this folder, a day of suite runs on one machine had left 88 `torchelastic_*`
     and 197 `composer-replicas-*` folders in /tmp)."""
     tmp = Path(tempfile.mkdtemp(prefix="composer-suite-"))
+    tmp.chmod(0o1777)   # as /tmp is: the sandbox's tests run a Sandbox as nobody in a folder made here
     os.environ["TMPDIR"] = str(tmp); tempfile.tempdir = None   # this process too, from its next temporary file on
     return tmp
 

@@ -107,15 +107,16 @@ def main(argv=None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     tmp = suite_tempdir()
+    print(f"temporary folder: {tmp} (removed after a passing run, kept otherwise)", flush=True)   # a run cut short keeps it too
     np_, nf, failed = run_notebooks(args.path, args.fast, args.n_workers)
     pp, pf = (0, 0) if args.no_pytest else run_pytest(args.fast, args.n_workers)
     if failed:
         print("failed notebooks: " + ", ".join(failed))
     passed, nfail = np_ + pp, nf + pf
     left = sorted(p.name for p in tmp.iterdir())
-    if nfail: print(f"the suite's temporary files are kept for a look: {tmp}")
-    else: shutil.rmtree(tmp, ignore_errors=True)
-    print(f"temporary folder: {len(left)} entries left by the suite's processes" + (f", e.g. {', '.join(left[:5])}" if left else ""))
+    if not nfail: shutil.rmtree(tmp, ignore_errors=True)
+    print(f"temporary folder: {len(left)} entries left by the suite's processes" + (f", e.g. {', '.join(left[:5])}" if left else "")
+          + ("" if not nfail else f"; kept for a look: {tmp}"))
     print(f"{passed} passed, {nfail} failed")
     return 1 if nfail or passed == 0 else 0
 
